@@ -1,0 +1,222 @@
+//! The node configuration, `conf/config.yaml`, laid out as APISIX's for the keys APISIX has, so an APISIX user's
+//! file reads the same. Keys Sluice does not use are ignored rather than rejected, as APISIX merges its defaults.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeConfig {
+    pub apisix: ApisixSection,
+    pub nginx_config: NginxConfigSection,
+    pub deployment: DeploymentSection,
+    /// Sluice-only knobs that have no APISIX equivalent.
+    pub sluice: SluiceSection,
+    /// `plugins:` list as in APISIX's config.yaml; `None` means every built-in plugin is enabled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugins: Option<Vec<String>>,
+    /// `plugin_attr:` per-plugin node settings (e.g. prometheus export address).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_attr: Option<serde_json::Map<String, Value>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ApisixSection {
+    #[serde(deserialize_with = "listen_list")]
+    pub node_listen: Vec<ListenAddr>,
+    pub enable_admin: bool,
+    pub enable_http2: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ssl: Option<Value>,
+}
+
+impl Default for ApisixSection {
+    fn default() -> Self {
+        ApisixSection {
+            node_listen: vec![ListenAddr {
+                ip: "0.0.0.0".into(),
+                port: 9080,
+            }],
+            enable_admin: true,
+            enable_http2: true,
+            ssl: None,
+        }
+    }
+}
+
+/// One listen address; APISIX writes it as a bare port (`9080`) or `{ip, port}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenAddr {
+    #[serde(default = "any_ip")]
+    pub ip: String,
+    pub port: u16,
+}
+
+fn any_ip() -> String {
+    "0.0.0.0".into()
+}
+
+impl ListenAddr {
+    pub fn socket_addr(&self) -> Result<std::net::SocketAddr, String> {
+        let ip: std::net::IpAddr = self
+            .ip
+            .parse()
+            .map_err(|_| format!("invalid listen ip {:?}", self.ip))?;
+        Ok(std::net::SocketAddr::new(ip, self.port))
+    }
+}
+
+fn listen_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ListenAddr>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum One {
+        Port(u16),
+        Addr(ListenAddr),
+    }
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Many {
+        One(One),
+        List(Vec<One>),
+    }
+    let conv = |o: One| match o {
+        One::Port(port) => ListenAddr { ip: any_ip(), port },
+        One::Addr(a) => a,
+    };
+    Ok(match Many::deserialize(d)? {
+        Many::One(o) => vec![conv(o)],
+        Many::List(l) => l.into_iter().map(conv).collect(),
+    })
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NginxConfigSection {
+    /// `auto` (one per core) or a number; Sluice runs this many worker threads.
+    pub worker_processes: WorkerCount,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WorkerCount {
+    #[default]
+    Auto,
+    Fixed(usize),
+}
+
+impl WorkerCount {
+    pub fn resolve(self) -> usize {
+        match self {
+            WorkerCount::Fixed(n) if n > 0 => n,
+            _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+impl Serialize for WorkerCount {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            WorkerCount::Auto => s.serialize_str("auto"),
+            WorkerCount::Fixed(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for WorkerCount {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) if s == "auto" => Ok(WorkerCount::Auto),
+            Value::Number(n) => n
+                .as_u64()
+                .map(|n| WorkerCount::Fixed(n as usize))
+                .ok_or_else(|| {
+                    serde::de::Error::custom("worker_processes must be a positive integer")
+                }),
+            v => Err(serde::de::Error::custom(format!(
+                "worker_processes must be \"auto\" or an integer, got {v}"
+            ))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeploymentSection {
+    /// traditional | data_plane | control_plane
+    pub role: String,
+    pub role_data_plane: RoleDataPlane,
+    pub role_traditional: RoleTraditional,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<Value>,
+}
+
+impl Default for DeploymentSection {
+    fn default() -> Self {
+        DeploymentSection {
+            role: "traditional".into(),
+            role_data_plane: RoleDataPlane::default(),
+            role_traditional: RoleTraditional::default(),
+            admin: None,
+            etcd: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RoleDataPlane {
+    /// yaml | etcd | json
+    pub config_provider: String,
+}
+
+impl Default for RoleDataPlane {
+    fn default() -> Self {
+        RoleDataPlane {
+            config_provider: "yaml".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RoleTraditional {
+    /// Sluice's default is its embedded store; `etcd` selects an etcd cluster.
+    pub config_provider: String,
+}
+
+impl Default for RoleTraditional {
+    fn default() -> Self {
+        RoleTraditional {
+            config_provider: "embedded".into(),
+        }
+    }
+}
+
+/// Proxy limits and timeouts (seconds), Sluice-specific; defaults follow nginx's as APISIX configures it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SluiceSection {
+    pub client_header_timeout: f64,
+    pub keepalive_timeout: f64,
+    pub graceful_shutdown_timeout: f64,
+    /// 0 = unlimited, as APISIX's default `client_max_body_size: 0`.
+    pub client_max_body_size: u64,
+    pub max_connections: usize,
+    /// How often the standalone provider checks apisix.yaml for changes, in seconds.
+    pub config_poll_interval: f64,
+}
+
+impl Default for SluiceSection {
+    fn default() -> Self {
+        SluiceSection {
+            client_header_timeout: 60.0,
+            keepalive_timeout: 60.0,
+            graceful_shutdown_timeout: 10.0,
+            client_max_body_size: 0,
+            max_connections: 65536,
+            config_poll_interval: 1.0,
+        }
+    }
+}

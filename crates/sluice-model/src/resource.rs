@@ -1,0 +1,381 @@
+//! APISIX resource types with APISIX's field names and defaults. Plugin configurations stay as JSON here: each
+//! plugin owns its schema and compiles its own typed config (sluice-plugins), so the model never needs to know them.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+
+/// Plugin name -> that plugin's configuration, as in APISIX's `plugins` objects.
+pub type Plugins = Map<String, Value>;
+
+/// A resource id. APISIX accepts strings and integers (`id: 1` in apisix.yaml); both become the same string.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Id(pub String);
+
+impl<'de> Deserialize<'de> for Id {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(Id(s)),
+            Value::Number(n) => Ok(Id(n.to_string())),
+            other => Err(serde::de::Error::custom(format!(
+                "invalid id {other}: expected string or integer"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for Id {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for Id {
+    fn from(s: &str) -> Self {
+        Id(s.to_owned())
+    }
+}
+
+/// Seconds, as APISIX's `timeout` objects carry them (fractions allowed).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Timeout {
+    pub connect: f64,
+    pub send: f64,
+    pub read: f64,
+}
+
+impl Default for Timeout {
+    /// nginx's proxy_*_timeout defaults, which APISIX inherits when no timeout is set.
+    fn default() -> Self {
+        Timeout {
+            connect: 60.0,
+            send: 60.0,
+            read: 60.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Route {
+    pub id: Id,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub desc: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub uris: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_addr: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub remote_addrs: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vars: Option<Value>,
+    pub priority: i32,
+    /// 1 enabled (the default when absent), 0 disabled: a disabled route never matches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u8>,
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    pub plugins: Plugins,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_config_id: Option<Id>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Upstream>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_id: Option<Id>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_id: Option<Id>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Timeout>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enable_websocket: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<Map<String, Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub create_time: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub update_time: Option<i64>,
+}
+
+impl Route {
+    pub fn enabled(&self) -> bool {
+        self.status != Some(0)
+    }
+    /// `uri` and `uris` together, as APISIX's router sees them.
+    pub fn all_uris(&self) -> Vec<String> {
+        self.uri.iter().chain(self.uris.iter()).cloned().collect()
+    }
+    /// `host` and `hosts` together.
+    pub fn all_hosts(&self) -> Vec<String> {
+        self.host.iter().chain(self.hosts.iter()).cloned().collect()
+    }
+    /// `remote_addr` and `remote_addrs` together.
+    pub fn all_remote_addrs(&self) -> Vec<String> {
+        self.remote_addr
+            .iter()
+            .chain(self.remote_addrs.iter())
+            .cloned()
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Service {
+    pub id: Id,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub desc: Option<String>,
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    pub plugins: Plugins,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Upstream>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_id: Option<Id>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enable_websocket: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<Map<String, Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub create_time: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub update_time: Option<i64>,
+}
+
+/// One upstream node. APISIX accepts `nodes` as a `{"host:port": weight}` map or a list of these.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    pub host: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default = "one")]
+    pub weight: u32,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `nodes` in either APISIX form; the form is kept so a resource reads back as it was written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Nodes {
+    Map(Map<String, Value>),
+    List(Vec<Node>),
+}
+
+impl Default for Nodes {
+    fn default() -> Self {
+        Nodes::List(Vec::new())
+    }
+}
+
+impl Nodes {
+    /// The nodes as a list, map form expanded (`"127.0.0.1:80": 1` -> host 127.0.0.1, port 80, weight 1).
+    pub fn to_list(&self) -> Result<Vec<Node>, String> {
+        match self {
+            Nodes::List(l) => Ok(l.clone()),
+            Nodes::Map(m) => m
+                .iter()
+                .map(|(addr, w)| {
+                    let weight = w
+                        .as_u64()
+                        .and_then(|w| u32::try_from(w).ok())
+                        .ok_or_else(|| format!("invalid weight for node {addr}: {w}"))?;
+                    let (host, port) = split_host_port(addr)?;
+                    Ok(Node {
+                        host,
+                        port,
+                        weight,
+                        priority: 0,
+                        metadata: None,
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Splits `host:port`, `[v6]:port`, or a bare host.
+pub fn split_host_port(addr: &str) -> Result<(String, Option<u16>), String> {
+    let bad = || format!("invalid node address {addr:?}");
+    if let Some(rest) = addr.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or_else(bad)?;
+        return match after.strip_prefix(':') {
+            Some(p) => Ok((host.to_owned(), Some(p.parse().map_err(|_| bad())?))),
+            None if after.is_empty() => Ok((host.to_owned(), None)),
+            None => Err(bad()),
+        };
+    }
+    match addr.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => Ok((h.to_owned(), Some(p.parse().map_err(|_| bad())?))),
+        _ if addr.is_empty() => Err(bad()),
+        _ => Ok((addr.to_owned(), None)),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct KeepalivePool {
+    pub size: u32,
+    pub idle_timeout: f64,
+    pub requests: u32,
+}
+
+impl Default for KeepalivePool {
+    /// APISIX's upstream keepalive_pool defaults.
+    fn default() -> Self {
+        KeepalivePool {
+            size: 320,
+            idle_timeout: 60.0,
+            requests: 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct UpstreamTls {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_cert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Upstream {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<Id>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub desc: Option<String>,
+    /// roundrobin | chash | least_conn | ewma
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub nodes: Nodes,
+    /// vars | header | cookie | consumer | vars_combinations
+    pub hash_on: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// http | https | grpc | grpcs
+    pub scheme: String,
+    /// pass | node | rewrite
+    pub pass_host: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_host: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_timeout: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Timeout>,
+    pub keepalive_pool: KeepalivePool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checks: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<UpstreamTls>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<Map<String, Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub create_time: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub update_time: Option<i64>,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        Upstream {
+            id: None,
+            name: None,
+            desc: None,
+            kind: "roundrobin".into(),
+            nodes: Nodes::default(),
+            hash_on: "vars".into(),
+            key: None,
+            scheme: "http".into(),
+            pass_host: "pass".into(),
+            upstream_host: None,
+            retries: None,
+            retry_timeout: None,
+            timeout: None,
+            keepalive_pool: KeepalivePool::default(),
+            checks: None,
+            tls: None,
+            labels: None,
+            create_time: None,
+            update_time: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Consumer {
+    pub username: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub desc: Option<String>,
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    pub plugins: Plugins,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_id: Option<Id>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<Map<String, Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub create_time: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub update_time: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GlobalRule {
+    pub id: Id,
+    pub plugins: Plugins,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PluginConfig {
+    pub id: Id,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub desc: Option<String>,
+    pub plugins: Plugins,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Ssl {
+    pub id: Id,
+    pub cert: String,
+    pub key: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub certs: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub snis: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u8>,
+}
