@@ -7,6 +7,7 @@
 mod merge;
 mod node;
 mod resource;
+pub mod schema;
 
 pub use merge::{merge_route_service, EffectiveRoute};
 pub use node::{ListenAddr, NodeConfig, WorkerCount};
