@@ -1,0 +1,180 @@
+//! Configuration of the Sluice gateway for a scenario: `config.yaml` (listen port, worker count,
+//! standalone yaml provider) and `apisix.yaml` (routes, upstream, consumers, plugins in APISIX's
+//! standalone format). `configure` is the single seam: today it writes the standalone file, later
+//! it can PUT the same resources to the Admin API. Also nginx and HAProxy configs for the plain
+//! proxy side-by-side. Text is generated directly (no serde_yaml) to keep 100,000 routes cheap.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use crate::scenario::{Plugins, Scenario, Workers};
+
+/// Path every scenario's measured request goes to.
+pub const PATH: &str = "/hello";
+/// Key of the consumer the benchmark authenticates as (header `apikey`).
+pub const API_KEY: &str = "auth-one";
+
+/// Headers every request of the scenario carries.
+pub fn request_headers(s: &Scenario) -> Vec<(String, String)> {
+    if s.plugins.needs_key() {
+        vec![("apikey".to_string(), API_KEY.to_string())]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Worker count as the gateway config spells it.
+fn workers_value(w: Workers) -> &'static str {
+    match w {
+        Workers::One => "1",
+        Workers::All => "auto",
+    }
+}
+
+/// Writes `config.yaml` for a gateway listening on `port`.
+pub fn write_node_config(dir: &Path, port: u16, workers: Workers) -> Result<(), String> {
+    let text = format!(
+        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\nnginx_config:\n  worker_processes: {}\ndeployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n",
+        workers_value(workers)
+    );
+    write(dir, "config.yaml", &text)
+}
+
+/// Puts the scenario's resources into the gateway (standalone file for now).
+pub fn configure(
+    dir: &Path,
+    s: &Scenario,
+    upstream: SocketAddr,
+    keepalive: usize,
+) -> Result<(), String> {
+    write(dir, "apisix.yaml", &standalone_yaml(s, upstream, keepalive))
+}
+
+/// APISIX standalone `apisix.yaml` for the scenario: route 1 is `/hello`, the others `/r/N`.
+pub fn standalone_yaml(s: &Scenario, upstream: SocketAddr, keepalive: usize) -> String {
+    let mut y = String::with_capacity(s.routes.max(1) * 260 + 256);
+    y.push_str("routes:\n");
+    let plugins = plugins_yaml(s.plugins);
+    for i in 1..=s.routes.max(1) {
+        let uri = if i == 1 {
+            PATH.to_string()
+        } else {
+            format!("/r/{i}")
+        };
+        let _ = write!(
+            y,
+            "  - id: {i}\n    uri: {uri}\n{plugins}    upstream:\n      type: roundrobin\n      nodes:\n        \"{upstream}\": 1\n      keepalive_pool: {{size: {keepalive}, idle_timeout: 60, requests: 100000}}\n"
+        );
+    }
+    if s.consumers > 0 || s.plugins.needs_key() {
+        y.push_str("consumers:\n");
+        y.push_str("  - username: jack\n    plugins:\n      key-auth: {key: auth-one}\n");
+        for i in 1..s.consumers {
+            let _ = write!(
+                y,
+                "  - username: user{i}\n    plugins:\n      key-auth: {{key: auth-{i}}}\n"
+            );
+        }
+    }
+    y.push_str("#END\n");
+    y
+}
+
+fn plugins_yaml(p: Plugins) -> String {
+    if p == Plugins::None {
+        return String::new();
+    }
+    let mut y = String::from("    plugins:\n");
+    for name in p.names() {
+        match *name {
+            "limit-count" => y.push_str(
+                "      limit-count: {count: 2000000000, time_window: 60, rejected_code: 503, key: remote_addr}\n",
+            ),
+            other => {
+                let _ = writeln!(y, "      {other}: {{}}");
+            }
+        }
+    }
+    y
+}
+
+/// nginx as a plain proxy: same worker count, access log off, upstream keepalive sized to the
+/// concurrency. `master` false runs a single process (for callgrind).
+pub fn nginx_conf(
+    dir: &Path,
+    port: u16,
+    upstream: SocketAddr,
+    workers: usize,
+    keepalive: usize,
+    master: bool,
+) -> String {
+    let d = dir.display();
+    format!(
+        "worker_processes {workers};\ndaemon off;\nmaster_process {};\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log warn;\nworker_rlimit_nofile 65535;\nevents {{ worker_connections 16384; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/tmp-body;\n  proxy_temp_path {d}/tmp-proxy;\n  fastcgi_temp_path {d}/tmp-fcgi;\n  uwsgi_temp_path {d}/tmp-uwsgi;\n  scgi_temp_path {d}/tmp-scgi;\n  keepalive_requests 1000000;\n  upstream backend {{\n    server {upstream};\n    keepalive {keepalive};\n    keepalive_requests 1000000;\n  }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://backend;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n",
+        if master { "on" } else { "off" }
+    )
+}
+
+/// HAProxy as a plain proxy: same thread count, idle server connections kept and reused.
+pub fn haproxy_conf(port: u16, upstream: SocketAddr, threads: usize, keepalive: usize) -> String {
+    format!(
+        "global\n  nbthread {threads}\n  maxconn 100000\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n  http-reuse always\nfrontend fe\n  bind 127.0.0.1:{port}\n  default_backend be\nbackend be\n  server s1 {upstream} pool-max-conn {keepalive}\n"
+    )
+}
+
+/// Writes `name` inside `dir`.
+pub fn write(dir: &Path, name: &str, text: &str) -> Result<(), String> {
+    let p = dir.join(name);
+    std::fs::write(&p, text).map_err(|e| format!("write {}: {e}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn standalone_yaml_matches_apisix_shapes() {
+        let all = crate::scenario::all(Duration::from_secs(1));
+        let find = |n: &str| all.iter().find(|s| s.name == n).expect("scenario").clone();
+        let up: SocketAddr = "127.0.0.1:1980".parse().expect("addr");
+        let y = standalone_yaml(&find("route-1"), up, 64);
+        assert!(
+            y.starts_with("routes:\n  - id: 1\n    uri: /hello\n    upstream:\n"),
+            "{y}"
+        );
+        assert!(y.contains("\"127.0.0.1:1980\": 1"));
+        assert!(y.contains("keepalive_pool: {size: 64, idle_timeout: 60, requests: 100000}"));
+        assert!(y.ends_with("#END\n") && !y.contains("consumers"));
+        let y = standalone_yaml(&find("key-auth+limit-count-100"), up, 64);
+        assert_eq!(y.matches("  - id: ").count(), 100);
+        assert_eq!(y.matches("key-auth: {}").count(), 100);
+        assert!(y.contains(
+            "limit-count: {count: 2000000000, time_window: 60, rejected_code: 503, key: remote_addr}"
+        ));
+        assert_eq!(y.matches("  - username: ").count(), 100);
+        assert!(y.contains("key-auth: {key: auth-one}"));
+        let y = standalone_yaml(&find("limit-count+prometheus-1"), up, 64);
+        assert!(y.contains("prometheus: {}") && y.contains("consumers:\n  - username: jack\n"));
+        let y = standalone_yaml(&find("routes-100k"), up, 64);
+        assert!(y.contains("uri: /r/100000\n"));
+    }
+
+    #[test]
+    fn peer_configs() {
+        let up: SocketAddr = "127.0.0.1:1980".parse().expect("addr");
+        let n = nginx_conf(Path::new("/tmp/x"), 9000, up, 1, 256, true);
+        assert!(
+            n.contains("keepalive 256;")
+                && n.contains("access_log off;")
+                && n.contains("worker_processes 1;")
+        );
+        let h = haproxy_conf(9001, up, 2, 256);
+        assert!(
+            h.contains("nbthread 2")
+                && h.contains("pool-max-conn 256")
+                && h.contains("http-reuse always")
+        );
+    }
+}

@@ -1,0 +1,214 @@
+//! Child processes the suite starts (mock, gateway, nginx, HAProxy, valgrind): spawning with
+//! optional CPU pinning (`taskset -c`), logs to a file, readiness polling with a bound, and a
+//! clean stop (SIGTERM via `kill`, then SIGKILL) when dropped so no run leaves strays behind.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running child process, stopped on drop.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+}
+
+impl Proc {
+    /// Starts `argv`, pinned to `pin` CPUs when given, with stdout+stderr appended to `log`.
+    pub fn spawn(
+        name: &str,
+        argv: &[String],
+        pin: Option<&str>,
+        log: &Path,
+    ) -> Result<Proc, String> {
+        let (prog, args) = argv.split_first().ok_or("empty command")?;
+        let mut cmd = match pin {
+            Some(cpus) => {
+                let mut c = Command::new("taskset");
+                c.arg("-c").arg(cpus).arg(prog);
+                c
+            }
+            None => Command::new(prog),
+        };
+        let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("start {name} ({prog}): {e}"))?;
+        Ok(Proc {
+            name: name.to_string(),
+            child,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `Some(reason)` once the process has exited.
+    pub fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(Some(st)) => Some(format!("{} exited ({st})", self.name)),
+            Ok(None) => None,
+            Err(e) => Some(format!("{}: {e}", self.name)),
+        }
+    }
+
+    /// SIGTERM, up to 3 s grace, then SIGKILL.
+    pub fn stop(&mut self) {
+        if self.exited().is_some() {
+            return;
+        }
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if self.exited().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A port that was free a moment ago (for children that must be told a number).
+pub fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+}
+
+/// One blocking `GET` with `Connection: close`; returns the status code.
+pub fn probe(addr: SocketAddr, path: &str, headers: &[(String, String)]) -> Result<u16, String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))
+        .map_err(|e| e.to_string())?;
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut head = [0u8; 64];
+    let mut n = 0;
+    while n < 12 {
+        let r = s
+            .read(&mut head[n..])
+            .map_err(|e| format!("read {addr}: {e}"))?;
+        if r == 0 {
+            break;
+        }
+        n += r;
+    }
+    std::str::from_utf8(head.get(9..12).ok_or("short response")?)
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("bad status line from {addr}"))
+}
+
+/// Polls `path` until it answers 200, the process exits, or `limit` passes. Err carries the last
+/// status or error seen.
+pub fn wait_ready(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(String, String)],
+    mut proc: Option<&mut Proc>,
+    limit: Duration,
+) -> Result<(), ReadyError> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(p) = proc.as_deref_mut() {
+            if let Some(why) = p.exited() {
+                return Err(ReadyError::Exited(why));
+            }
+        }
+        let last = match probe(addr, path, headers) {
+            Ok(200) => return Ok(()),
+            Ok(code) => ReadyError::Status(code),
+            Err(e) => ReadyError::Error(e),
+        };
+        if Instant::now() >= deadline {
+            return Err(last);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Why a target never became ready.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReadyError {
+    Exited(String),
+    Status(u16),
+    Error(String),
+}
+
+impl std::fmt::Display for ReadyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadyError::Exited(w) => write!(f, "{w}"),
+            ReadyError::Status(c) => write!(f, "answered {c}"),
+            ReadyError::Error(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Whether `prog` is on PATH.
+pub fn installed(prog: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_and_ready_against_the_mock() {
+        let addr = crate::loadgen::tests::mock(sluice_mock::Delay::Fixed(Duration::ZERO), 200);
+        assert_eq!(probe(addr, "/status/404", &[]), Ok(404));
+        assert_eq!(
+            wait_ready(addr, "/", &[], None, Duration::from_secs(2)),
+            Ok(())
+        );
+        assert_eq!(
+            wait_ready(addr, "/status/500", &[], None, Duration::from_millis(200)),
+            Err(ReadyError::Status(500))
+        );
+    }
+
+    #[test]
+    fn spawn_stop_and_exit_detection() {
+        let log =
+            std::env::temp_dir().join(format!("sluice-bench-proc-{}.log", std::process::id()));
+        let mut p =
+            Proc::spawn("sleeper", &["sleep".into(), "30".into()], None, &log).expect("spawn");
+        assert!(p.exited().is_none());
+        let t = Instant::now();
+        p.stop();
+        assert!(p.exited().is_some() && t.elapsed() < Duration::from_secs(2));
+        let mut q = Proc::spawn("false", &["false".into()], None, &log).expect("spawn");
+        let r = wait_ready(
+            "127.0.0.1:9".parse().expect("addr"),
+            "/",
+            &[],
+            Some(&mut q),
+            Duration::from_secs(3),
+        );
+        assert!(matches!(r, Err(ReadyError::Exited(_))), "{r:?}");
+        let _ = std::fs::remove_file(log);
+    }
+}

@@ -1,0 +1,194 @@
+//! Report assembly: medians, baselines, timestamps and the self-contained HTML.
+
+use super::*;
+use crate::scenario::all;
+use std::time::Duration;
+
+fn run(rps: f64, p99: f64) -> RunResult {
+    RunResult {
+        requests: rps as u64,
+        duration_s: 1.0,
+        rps,
+        bytes_per_s: rps * 1000.0,
+        latency_us: Latency {
+            p50: p99 / 2.0,
+            p99,
+            max: p99 * 2.0,
+            ..Latency::default()
+        },
+        errors: Errors {
+            non_2xx: 1,
+            ..Errors::default()
+        },
+        cpu_us_per_req: Some(rps / 1000.0),
+        peak_rss_kib: Some(1000),
+        ..RunResult::default()
+    }
+}
+
+fn target(name: &str, runs: Vec<RunResult>) -> TargetResult {
+    let mut t = TargetResult::skipped(name, "builtin", 1, String::new());
+    t.skip_reason = None;
+    t.rounds = runs;
+    t.finish();
+    t
+}
+
+fn report() -> Report {
+    let sc = all(Duration::from_secs(1));
+    let get = |n: &str| sc.iter().find(|s| s.name == n).expect("scenario").clone();
+    let mk = |n: &str, results: Vec<TargetResult>| ScenarioReport {
+        scenario: get(n),
+        status: "ok".into(),
+        skip_reason: None,
+        results,
+        notes: vec![],
+    };
+    let mut skipped = mk(
+        "key-auth-1",
+        vec![TargetResult::skipped(
+            "sluice",
+            "builtin",
+            1,
+            "plugin not available".into(),
+        )],
+    );
+    skipped.status = "skipped".into();
+    skipped.skip_reason = Some("plugin not available".into());
+    Report {
+        schema: SCHEMA,
+        generated_at: utc_now(),
+        command: "sluice bench <test>".into(),
+        total_seconds: 1.0,
+        environment: Environment::default(),
+        settings: Settings {
+            duration_s: 1.0,
+            warmup_s: 0.0,
+            rounds: 3,
+            driver: "builtin".into(),
+            generator_threads: 1,
+            mock_threads: 1,
+            body_size: 1024,
+            timeout_s: 5.0,
+            pin_gateway: Some("1".into()),
+            pin_generator: None,
+            pin_mock: None,
+            sluice_bin: "sluice".into(),
+        },
+        scenarios: vec![
+            mk(
+                "direct",
+                vec![target(
+                    "direct",
+                    vec![run(100.0, 10.0), run(300.0, 30.0), run(200.0, 20.0)],
+                )],
+            ),
+            mk(
+                "route-1",
+                vec![
+                    target("sluice", vec![run(50.0, 5.0)]),
+                    target("nginx", vec![run(40.0, 4.0)]),
+                ],
+            ),
+            mk(
+                "sweep-c600",
+                vec![
+                    target("direct", vec![run(1000.0, 1.0)]),
+                    target("sluice", vec![run(500.0, 1.0)]),
+                ],
+            ),
+            mk("sweep-c800", vec![target("sluice", vec![run(600.0, 1.0)])]),
+            skipped,
+        ],
+    }
+}
+
+#[test]
+fn medians_and_summed_errors() {
+    let m = median_run(&[run(100.0, 10.0), run(300.0, 30.0), run(200.0, 20.0)]);
+    assert_eq!(m.rps, 200.0);
+    assert_eq!(m.latency_us.p99, 20.0);
+    assert_eq!(m.cpu_us_per_req, Some(0.2));
+    assert_eq!(m.errors.non_2xx, 3);
+    let mut empty = TargetResult::skipped("x", "builtin", 1, String::new());
+    empty.skip_reason = None;
+    empty.finish();
+    assert_eq!(empty.status, "skipped");
+}
+
+#[test]
+fn baselines_use_the_direct_run_at_the_same_concurrency() {
+    let mut r = report();
+    r.compute_baselines();
+    let pct = |s: usize, t: usize| {
+        r.scenarios[s].results[t]
+            .median
+            .as_ref()
+            .and_then(|m| m.pct_of_baseline)
+    };
+    assert_eq!(pct(0, 0), Some(100.0));
+    assert_eq!(pct(1, 0), Some(25.0)); // route-1 at c=32 vs direct scenario (200 rps)
+    assert_eq!(pct(1, 1), Some(20.0));
+    assert_eq!(pct(2, 1), Some(50.0)); // in-scenario direct target
+    assert_eq!(pct(3, 0), None); // no direct at c=800
+}
+
+#[test]
+fn json_schema_fields_are_stable() {
+    let mut r = report();
+    r.compute_baselines();
+    let v: serde_json::Value = serde_json::to_value(&r).expect("json");
+    assert_eq!(v["schema"], "sluice-bench/1");
+    let s = &v["scenarios"][1];
+    assert_eq!(s["name"], "route-1");
+    assert_eq!(s["concurrency"], 32);
+    assert_eq!(s["mock_delay"], "0ms");
+    let m = &s["results"][0]["median"];
+    for k in [
+        "requests",
+        "duration_s",
+        "rps",
+        "bytes_per_s",
+        "cpu_us_per_req",
+        "peak_rss_kib",
+        "pct_of_baseline",
+    ] {
+        assert!(m.get(k).is_some(), "missing {k}");
+    }
+    for k in ["p50", "p75", "p90", "p99", "p99_9", "p99_99", "max", "mean"] {
+        assert!(m["latency_us"].get(k).is_some(), "missing latency {k}");
+    }
+    for k in ["non_2xx", "connect", "timeout", "io"] {
+        assert!(m["errors"].get(k).is_some(), "missing error {k}");
+    }
+    assert_eq!(
+        v["scenarios"][4]["results"][0]["skip_reason"],
+        "plugin not available"
+    );
+}
+
+#[test]
+fn html_is_self_contained() {
+    let h = html::render(&report());
+    assert!(h.starts_with("<!DOCTYPE html>") && h.ends_with("</html>\n"));
+    assert!(
+        h.matches("<svg").count() >= 4,
+        "bar chart, sweep charts and latency charts expected"
+    );
+    assert!(h.contains("Concurrency sweep"));
+    assert!(h.contains("skipped: plugin not available"));
+    for external in ["<script", "src=\"http", "href=\"http", "<link"] {
+        assert!(!h.contains(external), "external reference {external}");
+    }
+    assert!(html::esc("<a&b>") == "&lt;a&amp;b&gt;");
+}
+
+#[test]
+fn timestamp_format() {
+    let t = utc_now();
+    assert_eq!(t.len(), 20, "{t}");
+    assert!(
+        t.starts_with("20") && t.ends_with('Z') && &t[10..11] == "T",
+        "{t}"
+    );
+}
