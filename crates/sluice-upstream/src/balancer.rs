@@ -223,7 +223,7 @@ impl Balancer {
             Algo::RoundRobin(seq) => seq.pick(f, open),
             Algo::Chash(ring) => ring.pick(key_hash, f, open),
             Algo::LeastConn => least_conn::pick(&g.members, &self.nodes, &self.stats, f),
-            Algo::Ewma => ewma::pick(&g.members, &self.stats, f, open, self.now_ns()),
+            Algo::Ewma => ewma::pick(&g.members, &self.stats, f, open),
         }
     }
 

@@ -27,6 +27,10 @@ const K2: u64 = 0xc2b2_ae3d_27d4_eb4f;
 pub(super) struct Ring {
     hashes: Box<[u32]>,
     owners: Box<[u32]>,
+    /// `index[j]` = first position whose hash is >= `j << shift`: a lookup is one table read
+    /// plus ~1 step of linear probing instead of a mispredicting binary search.
+    index: Box<[u32]>,
+    shift: u32,
 }
 
 impl Ring {
@@ -61,9 +65,18 @@ impl Ring {
         // Ties broken by the node's own hash, not its config position, so reordering or
         // removing nodes cannot change which node owns a shared position.
         ring.sort_unstable_by_key(|&(h, base, _)| (h, base));
+        let hashes: Box<[u32]> = ring.iter().map(|p| p.0).collect();
+        // About one bucket per point (at least 2, at most 2^16).
+        let bits = (usize::BITS - ring.len().saturating_sub(1).leading_zeros()).clamp(1, 16);
+        let shift = 32 - bits;
+        let index = (0..1u64 << bits)
+            .map(|j| hashes.partition_point(|&h| u64::from(h) < j << shift) as u32)
+            .collect();
         Ring {
-            hashes: ring.iter().map(|p| p.0).collect(),
             owners: ring.iter().map(|p| p.2).collect(),
+            hashes,
+            index,
+            shift,
         }
     }
 
@@ -74,21 +87,34 @@ impl Ring {
         if len == 0 {
             return None;
         }
-        let mut start = self.hashes.partition_point(|&h| h < key_hash);
+        let bucket = (key_hash >> self.shift) as usize;
+        let mut start = self.index.get(bucket).map_or(0, |&p| p as usize);
+        while start < len && self.hashes[start] < key_hash {
+            start += 1;
+        }
         if start == len {
             start = 0;
         }
         if open {
             return Some(self.owners[start] as usize);
         }
-        (0..len)
-            .map(|k| self.owners[(start + k) % len] as usize)
+        let (tail, head) = self.owners.split_at(start);
+        head.iter()
+            .chain(tail)
+            .map(|&i| i as usize)
             .find(|&i| f.allows(i))
     }
 
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.hashes.len()
+    }
+
+    /// Plain binary-search lookup, the reference the bucket index must agree with.
+    #[cfg(test)]
+    pub(super) fn reference_owner(&self, key_hash: u32) -> usize {
+        let p = self.hashes.partition_point(|&h| h < key_hash);
+        self.owners[if p == self.hashes.len() { 0 } else { p }] as usize
     }
 }
 

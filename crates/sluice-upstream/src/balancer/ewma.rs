@@ -48,6 +48,29 @@ pub(super) fn record(s: &NodeStats, elapsed: Duration, ok: bool, now_ns: u64) {
     s.touched.store(now_ns.saturating_add(1), Ordering::Relaxed);
 }
 
+/// `score(a, now) > score(b, now)` for any `now`: both decay from their own timestamps, so
+/// `now` cancels out and one `exp` of the timestamp gap suffices (no clock read on the pick).
+#[inline]
+fn slower(a: &NodeStats, b: &NodeStats) -> bool {
+    let (ta, tb) = (
+        a.touched.load(Ordering::Relaxed),
+        b.touched.load(Ordering::Relaxed),
+    );
+    let ea = f64::from_bits(a.ewma.load(Ordering::Relaxed));
+    let eb = f64::from_bits(b.ewma.load(Ordering::Relaxed));
+    if ta == 0 || tb == 0 {
+        // Never measured scores 0: `a` is slower only if it was measured and `b` was not.
+        return ta != 0 && tb == 0 && ea > 0.0;
+    }
+    // ea * e^-(now-ta)/D > eb * e^-(now-tb)/D  <=>  ea * e^-(tb-ta)/D > eb
+    let gap = tb as f64 - ta as f64;
+    if gap == 0.0 {
+        ea > eb
+    } else {
+        ea * (-gap / DECAY_NS).exp() > eb
+    }
+}
+
 #[inline]
 fn decay(elapsed_ns: u64) -> f64 {
     (-(elapsed_ns as f64) / DECAY_NS).exp()
@@ -60,7 +83,6 @@ pub(super) fn pick(
     stats: &[NodeStats],
     f: &Filter<'_>,
     open: bool,
-    now_ns: u64,
 ) -> Option<usize> {
     let eligible = if open {
         members.len()
@@ -88,11 +110,7 @@ pub(super) fn pick(
                 b += 1;
             }
             let (a, b) = (nth(a)?, nth(b)?);
-            Some(if score(&stats[a], now_ns) > score(&stats[b], now_ns) {
-                b
-            } else {
-                a
-            })
+            Some(if slower(&stats[a], &stats[b]) { b } else { a })
         }
     }
 }

@@ -65,8 +65,10 @@ impl Sequence {
         if open {
             return Some(self.seq[start] as usize);
         }
-        (0..len)
-            .map(|k| self.seq[(start + k) % len] as usize)
+        let (tail, head) = self.seq.split_at(start);
+        head.iter()
+            .chain(tail)
+            .map(|&i| i as usize)
             .find(|&i| f.allows(i))
     }
 

@@ -481,3 +481,31 @@ fn many_nodes_beyond_64_work_with_tried() {
         assert_eq!(b.pick(Some(b"x"), &tried), None, "{kind:?}");
     }
 }
+
+#[test]
+fn chash_bucket_index_agrees_with_binary_search() {
+    for weights in [&[1u32][..], &[1, 1, 2], &[5; 100]] {
+        let b = Balancer::new(LbKind::Chash, nodes(weights));
+        let Algo::Chash(ring) = &b.groups[0].algo else {
+            panic!("chash")
+        };
+        let open = Filter {
+            tried: &Tried::new(),
+            health: None,
+        };
+        let mut x = 0x1234_5678_9abc_def1u64;
+        let probes = (0..20_000).map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u32
+        });
+        for h in probes.chain([0, 1, u32::MAX, u32::MAX - 1, 1 << 31]) {
+            assert_eq!(
+                ring.pick(h, &open, true),
+                Some(ring.reference_owner(h)),
+                "hash {h}"
+            );
+        }
+    }
+}
