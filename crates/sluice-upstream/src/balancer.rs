@@ -2,11 +2,13 @@
 //! each group, per-node live counters and the [`Health`] table. Built once per config snapshot.
 //!
 //! Pick order (APISIX `apisix/balancer.lua` + `balancer/priority.lua`):
-//! 1. nodes are grouped by `priority`, highest first; weight-0 nodes are in no group;
-//! 2. unhealthy and already-tried nodes are skipped; the first group with an eligible node
+//! 1. an upstream with exactly one node always gets that node (APISIX `pick_server`'s
+//!    shortcut: no weight, health or tried check);
+//! 2. otherwise nodes are grouped by `priority`, highest first; weight-0 nodes are in no group;
+//! 3. unhealthy and already-tried nodes are skipped; the first group with an eligible node
 //!    serves the pick, so lower priorities only see traffic when every higher node is tried or
 //!    unhealthy;
-//! 3. when *no* weighted node is healthy, health is ignored and all nodes are used again
+//! 4. when *no* weighted node is healthy, health is ignored and all nodes are used again
 //!    (APISIX `fetch_health_nodes`: "all upstream nodes is unhealthy, use default"); tried nodes
 //!    are still skipped, and `None` ("all upstream servers tried") makes the proxy answer 502.
 //!
@@ -140,6 +142,11 @@ impl Balancer {
         &self.health
     }
 
+    /// APISIX's retry count when `upstream.retries` is unset: one per other node.
+    pub fn default_retries(&self) -> usize {
+        self.nodes.len().saturating_sub(1)
+    }
+
     /// Requests currently in flight on node `i` (as reported by `on_request_start/end`).
     pub fn active(&self, i: usize) -> u32 {
         self.stats
@@ -158,6 +165,11 @@ impl Balancer {
     /// `hash_key` is only read by chash (`None` hashes as the empty key). Lock- and
     /// allocation-free.
     pub fn pick(&self, hash_key: Option<&[u8]>, tried: &Tried) -> Option<usize> {
+        if self.nodes.len() == 1 {
+            // APISIX `pick_server`: a single node is returned as is, whatever its weight,
+            // health or earlier tries (a configured retry goes to the same node again).
+            return Some(0);
+        }
         let check_health = self.health.unhealthy_count() > 0;
         let filter = Filter {
             tried,

@@ -26,7 +26,8 @@ pub use health::{FailureKind, Health, NodeStatus, PassiveConfig};
 pub struct NodeSpec {
     /// `"127.0.0.1:1980"` or `"host:port"`; also the identity hashed onto the chash ring.
     pub addr: String,
-    /// Relative share of traffic. Weight 0 nodes never get traffic (from any balancer).
+    /// Relative share of traffic. Weight 0 nodes never get traffic, except as the only node of an
+    /// upstream (APISIX returns a single node unconditionally).
     pub weight: u32,
     /// Higher priorities are used first; lower ones only when every higher node is tried or
     /// unhealthy (APISIX `apisix/balancer/priority.lua`). APISIX's default is 0.

@@ -19,8 +19,14 @@ pub(super) const MAX_SEQUENCE: u64 = 4096;
 #[derive(Debug)]
 pub(super) struct Sequence {
     seq: Box<[u32]>,
-    cursor: AtomicUsize,
+    /// Written by every pick from every worker: alone on its cache line so the writes do not
+    /// also evict the read-only data next to it.
+    cursor: PaddedCursor,
 }
+
+#[derive(Debug)]
+#[repr(align(64))]
+struct PaddedCursor(AtomicUsize);
 
 impl Sequence {
     /// `members[i]` has weight `weights[i]` (> 0).
@@ -50,7 +56,7 @@ impl Sequence {
         };
         Sequence {
             seq: seq.into_boxed_slice(),
-            cursor: AtomicUsize::new(start),
+            cursor: PaddedCursor(AtomicUsize::new(start)),
         }
     }
 
@@ -61,7 +67,7 @@ impl Sequence {
         if len == 0 {
             return None;
         }
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed) % len;
+        let start = self.cursor.0.fetch_add(1, Ordering::Relaxed) % len;
         if open {
             return Some(self.seq[start] as usize);
         }
