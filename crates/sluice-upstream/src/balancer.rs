@@ -122,6 +122,40 @@ impl Balancer {
         }
     }
 
+    /// Carries passive-health state and ewma averages over from the balancer this one replaces
+    /// (a new config snapshot), matching nodes by `addr`, so a config reload does not forget
+    /// that a node is down. In-flight counts stay with `previous`: its requests end there.
+    /// Build time only (allocates a lookup table).
+    pub fn inherit_state(&self, previous: &Balancer) {
+        let by_addr: std::collections::HashMap<&str, usize> = previous
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.addr.as_str(), i))
+            .collect();
+        // `previous` measured time from its own epoch; shift its stamps onto ours.
+        let shift = self
+            .epoch
+            .saturating_duration_since(previous.epoch)
+            .as_nanos();
+        let shift = u64::try_from(shift).unwrap_or(u64::MAX);
+        for (i, node) in self.nodes.iter().enumerate() {
+            let Some(&j) = by_addr.get(node.addr.as_str()) else {
+                continue;
+            };
+            self.health.copy_node(i, &previous.health, j);
+            let (old, new) = (&previous.stats[j], &self.stats[i]);
+            let touched = old.touched.load(Ordering::Relaxed);
+            if touched != 0 {
+                new.ewma
+                    .store(old.ewma.load(Ordering::Relaxed), Ordering::Relaxed);
+                // Stamped before our epoch: clamp to "just now", 1 = epoch + 0.
+                new.touched
+                    .store(touched.saturating_sub(shift).max(1), Ordering::Relaxed);
+            }
+        }
+    }
+
     /// The balancer kind.
     pub fn kind(&self) -> LbKind {
         self.kind

@@ -211,6 +211,15 @@ impl Health {
         self.account(old, new);
     }
 
+    /// Copies node `j` of `other` (state and counters) onto node `i` (config reloads).
+    pub(crate) fn copy_node(&self, i: usize, other: &Health, j: usize) {
+        let (Some(dst), Some(src)) = (self.states.get(i), other.states.get(j)) else {
+            return;
+        };
+        let old = dst.swap(src.load(Ordering::Relaxed), Ordering::AcqRel);
+        self.account(old, dst.load(Ordering::Relaxed));
+    }
+
     /// Every node's state, for the status API.
     pub fn snapshot(&self) -> Vec<NodeStatus> {
         self.states

@@ -533,3 +533,30 @@ fn single_node_is_always_returned_like_apisix() {
         assert_eq!(b.default_retries(), 0);
     }
 }
+
+#[test]
+fn inherit_state_keeps_health_and_ewma_by_addr() {
+    let old = Balancer::new(LbKind::Ewma, nodes(&[1, 1, 1]));
+    old.health().set_healthy(1, false);
+    old.on_request_end(2, Duration::from_millis(40), true);
+    // New snapshot: node order changed, 10.0.0.1 removed, a new node added.
+    let mut new_nodes = nodes(&[1, 1, 1]);
+    new_nodes.remove(0);
+    new_nodes.reverse(); // [10.0.0.3, 10.0.0.2]
+    new_nodes.push(NodeSpec::new("10.0.0.9:80", 1));
+    let new = Balancer::new(LbKind::Ewma, new_nodes);
+    new.inherit_state(&old);
+    assert!(new.health().is_healthy(0));
+    assert!(
+        !new.health().is_healthy(1),
+        "10.0.0.2 stays down across the reload"
+    );
+    assert!(new.health().is_healthy(2));
+    assert_eq!(new.health().unhealthy_count(), 1);
+    let e = new.ewma(0).as_secs_f64();
+    assert!(
+        e > 0.035 && e <= 0.040,
+        "ewma of 10.0.0.3 carried over: {e}"
+    );
+    assert_eq!(new.ewma(2), Duration::ZERO);
+}
