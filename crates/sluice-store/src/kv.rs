@@ -1,0 +1,297 @@
+//! The read-write store interface behind the Admin API: APISIX's key space (`routes/1`, `upstreams/u1`, ...) with
+//! JSON values, revisions, atomic multi-key commits and a history of changes. Implemented by the embedded redb
+//! store and by etcd. This module owns the in-memory [`Snapshot`] every implementation serves reads from and its
+//! conversion into the data plane's [`Resources`]; it does no IO itself.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sluice_model::{Id, Resources};
+
+use crate::ConfigRx;
+
+/// Every resource kind the store keeps, by its APISIX key prefix.
+pub const KINDS: &[&str] = &[
+    "routes",
+    "services",
+    "upstreams",
+    "consumers",
+    "ssls",
+    "global_rules",
+    "plugin_configs",
+    "consumer_groups",
+    "plugin_metadata",
+    "protos",
+    "secrets",
+];
+
+/// One stored value with its etcd-style revisions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub value: Value,
+    pub create_revision: u64,
+    pub mod_revision: u64,
+}
+
+/// The whole key space at one revision. Keys are relative to the prefix: `routes/1`, `consumers/jack/credentials/c1`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub revision: u64,
+    pub entries: BTreeMap<String, Entry>,
+}
+
+/// One write inside a commit. `expect_mod` guards it: `Some(0)` means "must not exist", `Some(r)` means "must still
+/// be at mod revision r" (compare-and-swap across nodes sharing one etcd).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    Put {
+        key: String,
+        value: Value,
+        expect_mod: Option<u64>,
+    },
+    Delete {
+        key: String,
+        expect_mod: Option<u64>,
+    },
+}
+
+impl Op {
+    pub fn key(&self) -> &str {
+        match self {
+            Op::Put { key, .. } | Op::Delete { key, .. } => key,
+        }
+    }
+    pub fn expect_mod(&self) -> Option<u64> {
+        match self {
+            Op::Put { expect_mod, .. } | Op::Delete { expect_mod, .. } => *expect_mod,
+        }
+    }
+}
+
+/// What one key became in one revision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    pub key: String,
+    #[serde(default)]
+    pub old: Option<Value>,
+    #[serde(default)]
+    pub new: Option<Value>,
+}
+
+/// One committed revision: the history record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Revision {
+    pub revision: u64,
+    /// Unix seconds.
+    pub time: i64,
+    pub changes: Vec<Change>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreError {
+    /// The backend cannot be reached or failed (APISIX answers 503).
+    Unavailable(String),
+    /// A guarded op found the key changed meanwhile.
+    Conflict(String),
+    /// The backend does not offer this (e.g. history on etcd).
+    Unsupported(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Unavailable(m) | StoreError::Conflict(m) | StoreError::Unsupported(m) => {
+                f.write_str(m)
+            }
+        }
+    }
+}
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A durable, revisioned key-value store the Admin API writes through.
+pub trait Store: Send + Sync {
+    /// `embedded` or `etcd`.
+    fn backend(&self) -> &'static str;
+    /// The state this node currently sees; reads are served from it, never from disk or network.
+    fn snapshot(&self) -> Arc<Snapshot>;
+    /// Applies every op or none, durably, and returns the new revision. When it returns, [`Store::snapshot`]
+    /// already reflects the commit (read-your-writes on this node).
+    fn commit(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<u64, StoreError>>;
+    /// Revisions after `after`, oldest first, at most `limit`.
+    fn history(&self, after: u64, limit: usize)
+        -> BoxFuture<'_, Result<Vec<Revision>, StoreError>>;
+    /// The complete configuration on every change, for the binary to compile.
+    fn subscribe(&self) -> ConfigRx;
+    /// False while the backend is unreachable (the Admin API then answers 503).
+    fn healthy(&self) -> bool {
+        true
+    }
+}
+
+/// Unix time in seconds.
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+impl Snapshot {
+    pub fn get(&self, key: &str) -> Option<&Entry> {
+        self.entries.get(key)
+    }
+
+    /// Direct children of `kind` (`routes/1`, not `consumers/jack/credentials/c1`), as (id, entry).
+    pub fn list<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = (&'a str, &'a Entry)> + 'a {
+        let prefix = format!("{kind}/");
+        self.entries
+            .range(prefix.clone()..)
+            .take_while(move |(k, _)| k.starts_with(&prefix))
+            .filter_map(move |(k, e)| {
+                let id = &k[kind.len() + 1..];
+                (!id.contains('/')).then_some((id, e))
+            })
+    }
+
+    /// Entries under an arbitrary key prefix (e.g. a consumer's credentials).
+    pub fn under<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'a String, &'a Entry)> + 'a {
+        self.entries
+            .range(prefix.to_owned()..)
+            .take_while(move |(k, _)| k.starts_with(prefix))
+    }
+
+    /// Applies committed ops at `revision`, returning the history record. Callers have checked the guards.
+    pub fn apply(&mut self, ops: &[Op], revision: u64) -> Vec<Change> {
+        let mut changes = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op {
+                Op::Put { key, value, .. } => {
+                    let old = self.entries.get(key);
+                    let create_revision = old.map_or(revision, |e| e.create_revision);
+                    changes.push(Change {
+                        key: key.clone(),
+                        old: old.map(|e| e.value.clone()),
+                        new: Some(value.clone()),
+                    });
+                    self.entries.insert(
+                        key.clone(),
+                        Entry {
+                            value: value.clone(),
+                            create_revision,
+                            mod_revision: revision,
+                        },
+                    );
+                }
+                Op::Delete { key, .. } => {
+                    if let Some(old) = self.entries.remove(key) {
+                        changes.push(Change {
+                            key: key.clone(),
+                            old: Some(old.value),
+                            new: None,
+                        });
+                    }
+                }
+            }
+        }
+        self.revision = revision;
+        changes
+    }
+
+    /// The first guard that does not hold, as a conflict message.
+    pub fn check_guards(&self, ops: &[Op]) -> Result<(), StoreError> {
+        for op in ops {
+            if let Some(want) = op.expect_mod() {
+                let have = self.entries.get(op.key()).map_or(0, |e| e.mod_revision);
+                if have != want {
+                    return Err(StoreError::Conflict(format!(
+                        "{} was modified concurrently (revision {have}, expected {want})",
+                        op.key()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The data plane's view. A stored value that does not parse is skipped with an error log rather than
+    /// blocking every other resource (values are validated on write, so this only happens with foreign data).
+    pub fn to_resources(&self) -> Resources {
+        let mut r = Resources::default();
+        fill(
+            self,
+            "routes",
+            &mut r.routes,
+            |x: &mut sluice_model::Route, id| x.id = id,
+        );
+        fill(
+            self,
+            "services",
+            &mut r.services,
+            |x: &mut sluice_model::Service, id| x.id = id,
+        );
+        fill(
+            self,
+            "upstreams",
+            &mut r.upstreams,
+            |x: &mut sluice_model::Upstream, id| x.id = Some(id),
+        );
+        fill(
+            self,
+            "consumers",
+            &mut r.consumers,
+            |x: &mut sluice_model::Consumer, id| {
+                if x.username.is_empty() {
+                    x.username = id.0
+                }
+            },
+        );
+        fill(
+            self,
+            "global_rules",
+            &mut r.global_rules,
+            |x: &mut sluice_model::GlobalRule, id| x.id = id,
+        );
+        fill(
+            self,
+            "plugin_configs",
+            &mut r.plugin_configs,
+            |x: &mut sluice_model::PluginConfig, id| x.id = id,
+        );
+        fill(
+            self,
+            "ssls",
+            &mut r.ssls,
+            |x: &mut sluice_model::Ssl, id| x.id = id,
+        );
+        r
+    }
+}
+
+fn fill<T: serde::de::DeserializeOwned>(
+    snap: &Snapshot,
+    kind: &str,
+    out: &mut Vec<T>,
+    set_id: impl Fn(&mut T, Id),
+) {
+    for (id, e) in snap.list(kind) {
+        match T::deserialize(&e.value) {
+            Ok(mut v) => {
+                set_id(&mut v, Id(id.to_owned()));
+                out.push(v);
+            }
+            Err(err) => {
+                tracing::error!(kind, id, error = %err, "stored resource does not parse; skipped")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

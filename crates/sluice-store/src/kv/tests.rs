@@ -1,0 +1,51 @@
+use serde_json::json;
+
+use super::*;
+
+fn put(key: &str, value: Value) -> Op {
+    Op::Put {
+        key: key.into(),
+        value,
+        expect_mod: None,
+    }
+}
+
+#[test]
+fn apply_tracks_revisions_and_changes() {
+    let mut s = Snapshot::default();
+    let ch = s.apply(&[put("routes/1", json!({"uri": "/a"}))], 1);
+    assert_eq!(ch[0].old, None);
+    let ch = s.apply(&[put("routes/1", json!({"uri": "/b"}))], 2);
+    assert_eq!(ch[0].old, Some(json!({"uri": "/a"})));
+    let e = s.get("routes/1").unwrap();
+    assert_eq!((e.create_revision, e.mod_revision), (1, 2));
+    let guard = Op::Delete {
+        key: "routes/1".into(),
+        expect_mod: Some(1),
+    };
+    assert!(matches!(
+        s.check_guards(&[guard]),
+        Err(StoreError::Conflict(_))
+    ));
+}
+
+#[test]
+fn list_skips_sub_resources_and_resources_convert() {
+    let mut s = Snapshot::default();
+    s.apply(
+        &[
+            put("routes/1", json!({"id": "1", "uri": "/a", "plugins": {}})),
+            put("routes/bad", json!({"uri": 5})),
+            put("consumers/jack", json!({"username": "jack"})),
+            put("consumers/jack/credentials/c1", json!({"plugins": {}})),
+            put("upstreams/u1", json!({"nodes": {"127.0.0.1:80": 1}})),
+        ],
+        1,
+    );
+    assert_eq!(s.list("consumers").count(), 1);
+    assert_eq!(s.under("consumers/jack/credentials/").count(), 1);
+    let r = s.to_resources();
+    assert_eq!(r.routes.len(), 1, "unparsable route skipped");
+    assert_eq!(r.upstreams[0].id.as_ref().map(|i| i.0.as_str()), Some("u1"));
+    assert_eq!(r.consumers[0].username, "jack");
+}
