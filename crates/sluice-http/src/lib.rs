@@ -10,6 +10,8 @@
 //! Cost budget (see `benches/parse.rs`): one `httparse` pass plus one scan of the header list per head, one
 //! `Vec<HeaderSpan>` allocation per head, no per-header allocation.
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 mod chunked;
 pub mod date;
 mod error;
