@@ -1,0 +1,197 @@
+//! Streaming a message body from one side to the other without buffering it whole.
+//!
+//! Input framing (length, chunked, read-to-close) is decoded; output framing is written fresh (length bodies pass
+//! as they are, chunked is re-chunked, so malformed chunk framing can never leak through). Output is gathered in
+//! `out` and flushed before each read, so a small head plus a small body leave in one write.
+
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use sluice_http::{encode_chunk_header, BodyKind, Chunk, ChunkedDecoder, LAST_CHUNK};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Which end failed while copying.
+#[derive(Debug)]
+pub(crate) enum BodyError {
+    /// The sender failed: closed early, timed out, or sent invalid framing.
+    Source(String, bool /* timed out */),
+    Sink(String),
+    /// The body is larger than the configured limit.
+    TooLarge,
+}
+
+/// Bytes this large are written straight from the read buffer instead of being copied into `out`.
+const DIRECT_WRITE: usize = 16 * 1024;
+const READ_CHUNK: usize = 16 * 1024;
+
+pub(crate) struct Copy<'a> {
+    pub input: BodyKind,
+    pub chunked_out: bool,
+    pub read_timeout: Duration,
+    pub write_timeout: Duration,
+    /// 0 = unlimited.
+    pub max_bytes: u64,
+    pub out: &'a mut BytesMut,
+}
+
+pub(crate) async fn flush<W: AsyncWrite + Unpin>(
+    dst: &mut W,
+    out: &mut BytesMut,
+    t: Duration,
+) -> Result<(), BodyError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    let r = tokio::time::timeout(t, dst.write_all(out)).await;
+    out.clear();
+    match r {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(BodyError::Sink(e.to_string())),
+        Err(_) => Err(BodyError::Sink("write timed out".into())),
+    }
+}
+
+async fn fill<R: AsyncRead + Unpin>(
+    src: &mut R,
+    buf: &mut BytesMut,
+    t: Duration,
+) -> Result<usize, BodyError> {
+    buf.reserve(READ_CHUNK);
+    match tokio::time::timeout(t, src.read_buf(buf)).await {
+        Ok(Ok(n)) => Ok(n),
+        Ok(Err(e)) => Err(BodyError::Source(e.to_string(), false)),
+        Err(_) => Err(BodyError::Source("read timed out".into(), true)),
+    }
+}
+
+impl Copy<'_> {
+    /// Copies the body; `out` may already hold a head to send with the first bytes. Flushes everything before
+    /// returning. Returns the number of body bytes carried.
+    pub(crate) async fn run<R, W>(
+        self,
+        src: &mut R,
+        sbuf: &mut BytesMut,
+        dst: &mut W,
+    ) -> Result<u64, BodyError>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let Copy {
+            input,
+            chunked_out,
+            read_timeout,
+            write_timeout,
+            max_bytes,
+            out,
+        } = self;
+        let mut total: u64 = 0;
+        let over = |total: u64| max_bytes != 0 && total > max_bytes;
+        match input {
+            BodyKind::Empty => {}
+            BodyKind::Length(n) => {
+                if max_bytes != 0 && n > max_bytes {
+                    return Err(BodyError::TooLarge);
+                }
+                let mut left = n;
+                while left > 0 {
+                    if sbuf.is_empty() {
+                        flush(dst, out, write_timeout).await?;
+                        if fill(src, sbuf, read_timeout).await? == 0 {
+                            return Err(BodyError::Source(
+                                format!("closed with {left} body bytes missing"),
+                                false,
+                            ));
+                        }
+                    }
+                    let take = (left.min(sbuf.len() as u64)) as usize;
+                    let data = sbuf.split_to(take);
+                    emit(dst, out, &data, chunked_out, write_timeout).await?;
+                    left -= take as u64;
+                    total += take as u64;
+                }
+            }
+            BodyKind::Chunked => {
+                let mut dec = ChunkedDecoder::new();
+                loop {
+                    match dec.decode(sbuf) {
+                        Ok(Some(Chunk::Data(data))) => {
+                            total += data.len() as u64;
+                            if over(total) {
+                                return Err(BodyError::TooLarge);
+                            }
+                            emit(dst, out, &data, chunked_out, write_timeout).await?;
+                        }
+                        Ok(Some(Chunk::End { trailers })) => {
+                            if chunked_out {
+                                out.put_slice(b"0\r\n");
+                                out.put_slice(&trailers);
+                            }
+                            break;
+                        }
+                        Ok(None) => {
+                            flush(dst, out, write_timeout).await?;
+                            if fill(src, sbuf, read_timeout).await? == 0 {
+                                return Err(BodyError::Source(
+                                    "closed inside a chunked body".into(),
+                                    false,
+                                ));
+                            }
+                        }
+                        Err(e) => {
+                            return Err(BodyError::Source(
+                                format!("invalid chunked body: {e}"),
+                                false,
+                            ))
+                        }
+                    }
+                }
+            }
+            BodyKind::Eof => loop {
+                if !sbuf.is_empty() {
+                    let data = sbuf.split();
+                    total += data.len() as u64;
+                    emit(dst, out, &data, chunked_out, write_timeout).await?;
+                }
+                flush(dst, out, write_timeout).await?;
+                if fill(src, sbuf, read_timeout).await? == 0 {
+                    if chunked_out {
+                        out.put_slice(LAST_CHUNK);
+                    }
+                    break;
+                }
+            },
+        }
+        flush(dst, out, write_timeout).await?;
+        Ok(total)
+    }
+}
+
+async fn emit<W: AsyncWrite + Unpin>(
+    dst: &mut W,
+    out: &mut BytesMut,
+    data: &[u8],
+    chunked: bool,
+    t: Duration,
+) -> Result<(), BodyError> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    if chunked {
+        encode_chunk_header(data.len(), out);
+    }
+    if data.len() >= DIRECT_WRITE {
+        flush(dst, out, t).await?;
+        match tokio::time::timeout(t, dst.write_all(data)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(BodyError::Sink(e.to_string())),
+            Err(_) => return Err(BodyError::Sink("write timed out".into())),
+        }
+    } else {
+        out.put_slice(data);
+    }
+    if chunked {
+        out.put_slice(b"\r\n");
+    }
+    Ok(())
+}

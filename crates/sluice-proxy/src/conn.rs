@@ -1,0 +1,554 @@
+//! One downstream HTTP/1.1 connection: read a head, route it, proxy it with retries, stream the response back,
+//! repeat while keep-alive holds. See `LIFECYCLE.md` beside this file for the states and when each side closes.
+//!
+//! Per request the hot path does: one parse, one router lookup, one balancer pick, a pool pop, one write of head
+//! and small body upstream, one read, one write back. No locks, no per-request `Arc` clone of the snapshot (the
+//! connection re-reads it only when the generation counter moved), and buffers are reused across requests.
+
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{BufMut, BytesMut};
+use sluice_http::{parse_request, parse_response, BodyKind, RequestHead, ResponseHead};
+use sluice_router::{MatchRequest, Params};
+use sluice_upstream::{FailureKind, Tried};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::body::{flush, BodyError, Copy};
+use crate::error::{html_page, synthetic, Error, Kind, Side, Synthetic};
+use crate::forward::{self, ForwardInfo, OutFraming};
+use crate::pool::Checkout;
+use crate::server::Worker;
+use crate::snapshot::{CompiledRoute, HashOn, Snapshot, UpstreamRt};
+use crate::view::ReqView;
+
+const BUF_SIZE: usize = 8 * 1024;
+
+pub(crate) struct Conn<S> {
+    io: S,
+    peer: SocketAddr,
+    local: SocketAddr,
+    scheme: &'static str,
+    rbuf: BytesMut,
+    ubuf: BytesMut,
+    out: BytesMut,
+    client_ip: Box<[u8]>,
+    server_port: Box<[u8]>,
+    params: Params,
+    w: Rc<Worker>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+/// How far one attempt got before it failed: decides whether another node may be tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Nothing reached the upstream.
+    BeforeSend,
+    /// The request (or part of it) was sent; no response byte reached the client.
+    Sent { stale: bool },
+    /// The client already has part of the response: the only way out is closing the connection.
+    Responding,
+}
+
+struct Failure {
+    err: Error,
+    stage: Stage,
+    /// The client's request body was (partly) consumed: the request cannot be replayed.
+    body_consumed: bool,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    pub(crate) fn new(
+        io: S,
+        peer: SocketAddr,
+        local: SocketAddr,
+        scheme: &'static str,
+        w: Rc<Worker>,
+    ) -> Self {
+        let shutdown = w.shared.shutdown.subscribe();
+        Conn {
+            io,
+            peer,
+            local,
+            scheme,
+            rbuf: BytesMut::with_capacity(BUF_SIZE),
+            ubuf: BytesMut::with_capacity(BUF_SIZE),
+            out: BytesMut::with_capacity(BUF_SIZE),
+            client_ip: peer.ip().to_string().into_bytes().into(),
+            server_port: local.port().to_string().into_bytes().into(),
+            params: Params::new(),
+            w,
+            shutdown,
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        let mut snap: Arc<Snapshot> = self.w.shared.snapshot.load_full();
+        let mut gen = self.w.shared.generation();
+        let mut first = true;
+        loop {
+            let head = match self.read_head(first).await {
+                Ok(Some(h)) => h,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(peer = %self.peer, error = %e, "bad request");
+                    if let Some(s) = synthetic(&e) {
+                        let _ = self.write_synthetic(&s, false, false).await;
+                    }
+                    return;
+                }
+            };
+            first = false;
+            let now_gen = self.w.shared.generation();
+            if now_gen != gen {
+                snap = self.w.shared.snapshot.load_full();
+                gen = now_gen;
+            }
+            match self.handle(&snap, head).await {
+                Ok(true) if !*self.shutdown.borrow() => {}
+                _ => return,
+            }
+        }
+    }
+
+    async fn read_head(&mut self, first: bool) -> Result<Option<RequestHead>, Error> {
+        let cfg = &self.w.shared.cfg;
+        loop {
+            match parse_request(&mut self.rbuf, &cfg.limits) {
+                Ok(Some(h)) => return Ok(Some(h)),
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(Error::downstream(
+                        Kind::BadRequest(e.status()),
+                        e.to_string(),
+                    ))
+                }
+            }
+            let idle = self.rbuf.is_empty();
+            let t = if idle && !first {
+                cfg.keepalive_timeout
+            } else {
+                cfg.header_timeout
+            };
+            self.rbuf.reserve(BUF_SIZE / 2);
+            let read = tokio::time::timeout(t, self.io.read_buf(&mut self.rbuf));
+            let r = if idle {
+                if *self.shutdown.borrow() {
+                    return Ok(None);
+                }
+                tokio::select! {
+                    r = read => r,
+                    _ = self.shutdown.changed() => return Ok(None),
+                }
+            } else {
+                read.await
+            };
+            match r {
+                Ok(Ok(0)) | Err(_) if idle => return Ok(None),
+                Ok(Ok(0)) => {
+                    return Err(Error::downstream(
+                        Kind::ClientClosed,
+                        "client closed inside a request head",
+                    ))
+                }
+                Err(_) => {
+                    return Err(Error::downstream(
+                        Kind::ClientTimeout,
+                        "client header timeout",
+                    ))
+                }
+                Ok(Err(e)) => {
+                    return Err(Error::downstream(
+                        Kind::ClientClosed,
+                        format!("client read: {e}"),
+                    ))
+                }
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// Serves one request. `Ok(true)`: the connection may carry another.
+    async fn handle(&mut self, snap: &Snapshot, head: RequestHead) -> Result<bool, Error> {
+        let view = ReqView::new(&head, self.peer, self.local, self.scheme);
+        self.params.clear();
+        let Some(&idx) = snap.router.find(&view, &mut self.params) else {
+            return self
+                .refuse(&head, &Error::downstream(Kind::NoRoute, "no route"))
+                .await;
+        };
+        let route = &snap.routes[idx as usize];
+        let up: &UpstreamRt = &route.upstream;
+        let max_body = self.w.shared.cfg.max_body;
+        if let BodyKind::Length(n) = head.body {
+            if max_body != 0 && n > max_body {
+                return self
+                    .refuse(
+                        &head,
+                        &Error::downstream(Kind::BadRequest(413), "body too large"),
+                    )
+                    .await;
+            }
+        }
+        let hash_key = hash_key(up, &view);
+        let host = view.host.as_deref();
+
+        let retries = up
+            .retries
+            .unwrap_or(up.nodes.len().saturating_sub(1) as u32);
+        let started = Instant::now();
+        let mut tried = Tried::new();
+        let mut body_consumed = false;
+        let mut stale_retry_used = false;
+        loop {
+            let Some(node_idx) = up.balancer.pick(hash_key.as_deref(), &tried) else {
+                return self
+                    .refuse(
+                        &head,
+                        &Error::upstream(Kind::NoUpstreamNode, "no healthy node"),
+                    )
+                    .await;
+            };
+            tried.insert(node_idx);
+            up.balancer.on_request_start(node_idx);
+            let t0 = Instant::now();
+            let res = self
+                .attempt(&head, host, route, node_idx, &mut body_consumed)
+                .await;
+            up.balancer
+                .on_request_end(node_idx, t0.elapsed(), res.is_ok());
+            let f = match res {
+                Ok(keep) => return Ok(keep),
+                Err(f) => f,
+            };
+            if f.err.side == Side::Upstream {
+                let kind = if f.err.is_timeout() {
+                    FailureKind::Timeout
+                } else {
+                    FailureKind::Tcp
+                };
+                up.balancer.health().report_failure(node_idx, kind);
+                tracing::warn!(route = %route.id, error = %f.err, "upstream attempt failed");
+            }
+            let replayable = !f.body_consumed;
+            let within_time = up.retry_timeout.is_none_or(|t| started.elapsed() < t);
+            let retry = f.err.side == Side::Upstream
+                && replayable
+                && within_time
+                && match f.stage {
+                    Stage::BeforeSend => (tried.len() as u32) <= retries,
+                    // A pooled connection the upstream had closed: the request never reached it.
+                    Stage::Sent { stale: true } if !stale_retry_used => {
+                        stale_retry_used = true;
+                        tried = Tried::new();
+                        true
+                    }
+                    Stage::Sent { .. } => idempotent(&head) && (tried.len() as u32) <= retries,
+                    Stage::Responding => false,
+                };
+            if retry {
+                continue;
+            }
+            if f.stage == Stage::Responding
+                || f.err.side == Side::Downstream && synthetic(&f.err).is_none()
+            {
+                return Err(f.err);
+            }
+            let s = synthetic(&f.err).unwrap_or_else(|| html_page(502));
+            // The request body may be partly unread: the connection cannot carry another request.
+            let keep = !f.body_consumed && head.body == BodyKind::Empty && head.keep_alive;
+            self.write_synthetic(&s, keep, head.method_str() == "HEAD")
+                .await
+                .map_err(|e| Error::downstream(Kind::ClientClosed, e.to_string()))?;
+            return Ok(keep);
+        }
+    }
+
+    /// Answers without contacting an upstream. An unread request body means the connection must close.
+    async fn refuse(&mut self, head: &RequestHead, err: &Error) -> Result<bool, Error> {
+        let keep = head.keep_alive && head.body == BodyKind::Empty;
+        if let Some(s) = synthetic(err) {
+            self.write_synthetic(&s, keep, head.method_str() == "HEAD")
+                .await
+                .map_err(|e| Error::downstream(Kind::ClientClosed, e.to_string()))?;
+        }
+        Ok(keep)
+    }
+
+    async fn attempt(
+        &mut self,
+        head: &RequestHead,
+        host: Option<&str>,
+        route: &CompiledRoute,
+        node_idx: usize,
+        body_consumed: &mut bool,
+    ) -> Result<bool, Failure> {
+        let up: &UpstreamRt = &route.upstream;
+        let node = &up.nodes[node_idx];
+        let t = route.timeouts;
+        let fail = |err: Error, stage: Stage, consumed: bool| Failure {
+            err,
+            stage,
+            body_consumed: consumed,
+        };
+        let mut c: Checkout = self
+            .w
+            .pool
+            .checkout(up, node, t.connect)
+            .await
+            .map_err(|e| fail(e, Stage::BeforeSend, *body_consumed))?;
+        if !c.reused {
+            self.w.shared.count_connect();
+        }
+        let reused = c.reused;
+
+        // Request head, then body.
+        self.out.clear();
+        forward::request_head(
+            head,
+            &ForwardInfo {
+                pass_host: &up.pass_host,
+                node,
+                client_ip: &self.client_ip,
+                server_port: &self.server_port,
+                scheme: self.scheme.as_bytes(),
+                host,
+            },
+            &mut self.out,
+        );
+        let sent_err = |e: BodyError, consumed: bool| match e {
+            BodyError::Sink(m) => fail(
+                Error::upstream(
+                    Kind::UpstreamIo,
+                    format!("upstream {}: send: {m}", node.addr),
+                ),
+                Stage::Sent { stale: reused },
+                consumed,
+            ),
+            BodyError::Source(m, timed_out) => fail(
+                Error::downstream(
+                    if timed_out {
+                        Kind::ClientTimeout
+                    } else {
+                        Kind::BadRequest(400)
+                    },
+                    format!("request body: {m}"),
+                ),
+                Stage::Sent { stale: false },
+                true,
+            ),
+            BodyError::TooLarge => fail(
+                Error::downstream(Kind::BadRequest(413), "request body too large"),
+                Stage::Sent { stale: false },
+                true,
+            ),
+        };
+        if head.body != BodyKind::Empty {
+            if head.expect_continue {
+                flush(&mut c.conn, &mut self.out, t.send)
+                    .await
+                    .map_err(|e| sent_err(e, false))?;
+                self.io
+                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    .await
+                    .map_err(|e| {
+                        fail(
+                            Error::downstream(Kind::ClientClosed, e.to_string()),
+                            Stage::Sent { stale: false },
+                            false,
+                        )
+                    })?;
+            }
+            *body_consumed = true;
+            Copy {
+                input: head.body,
+                chunked_out: head.body == BodyKind::Chunked,
+                read_timeout: self.w.shared.cfg.header_timeout,
+                write_timeout: t.send,
+                max_bytes: self.w.shared.cfg.max_body,
+                out: &mut self.out,
+            }
+            .run(&mut self.io, &mut self.rbuf, &mut c.conn)
+            .await
+            .map_err(|e| sent_err(e, true))?;
+        } else {
+            flush(&mut c.conn, &mut self.out, t.send)
+                .await
+                .map_err(|e| sent_err(e, false))?;
+        }
+
+        // Response head.
+        let is_head = head.method_str() == "HEAD";
+        self.ubuf.clear();
+        let resp = self
+            .read_response_head(&mut c, is_head, t.read)
+            .await
+            .map_err(|(e, got_bytes)| {
+                fail(
+                    e,
+                    Stage::Sent {
+                        stale: reused && !got_bytes,
+                    },
+                    *body_consumed,
+                )
+            })?;
+        up.balancer
+            .health()
+            .report_http_status(node_idx, resp.status);
+
+        // Response to the client.
+        let framing = forward::out_framing(&resp, head.version);
+        let keep = head.keep_alive && framing != OutFraming::Close && !*self.shutdown.borrow();
+        self.out.clear();
+        forward::response_head(&resp, framing, head.version, keep, &mut self.out);
+        let copied = Copy {
+            input: resp.body,
+            chunked_out: framing == OutFraming::Chunked,
+            read_timeout: t.read,
+            write_timeout: self.w.shared.cfg.header_timeout,
+            max_bytes: 0,
+            out: &mut self.out,
+        }
+        .run(&mut c.conn, &mut self.ubuf, &mut self.io)
+        .await;
+        match copied {
+            Ok(_) => {}
+            Err(BodyError::Sink(m)) => {
+                return Err(fail(
+                    Error::downstream(Kind::ClientClosed, m),
+                    Stage::Responding,
+                    true,
+                ));
+            }
+            Err(BodyError::Source(m, timed_out)) => {
+                let kind = if timed_out {
+                    Kind::UpstreamTimeout
+                } else {
+                    Kind::UpstreamIo
+                };
+                return Err(fail(
+                    Error::upstream(kind, format!("upstream {}: response body: {m}", node.addr)),
+                    Stage::Responding,
+                    true,
+                ));
+            }
+            Err(BodyError::TooLarge) => {
+                return Err(fail(
+                    Error::upstream(Kind::UpstreamProtocol, "response body too large"),
+                    Stage::Responding,
+                    true,
+                ));
+            }
+        }
+        if resp.keep_alive && resp.body != BodyKind::Eof && self.ubuf.is_empty() {
+            self.w.pool.checkin(c, up.pool);
+        }
+        Ok(keep && head.keep_alive)
+    }
+
+    /// Reads the final response head, skipping interim 1xx responses (100-continue is answered by Sluice itself).
+    /// The error's flag says whether any response byte arrived (false on a stale pooled connection).
+    async fn read_response_head(
+        &mut self,
+        c: &mut Checkout,
+        is_head: bool,
+        read_timeout: std::time::Duration,
+    ) -> Result<ResponseHead, (Error, bool)> {
+        let limits = &self.w.shared.cfg.limits;
+        let mut got = false;
+        loop {
+            match parse_response(&mut self.ubuf, limits, is_head) {
+                Ok(Some(r)) if (100..200).contains(&r.status) && r.status != 101 => continue,
+                Ok(Some(r)) => return Ok(r),
+                Ok(None) => {}
+                Err(e) => {
+                    return Err((
+                        Error::upstream(Kind::UpstreamProtocol, format!("invalid response: {e}")),
+                        true,
+                    ))
+                }
+            }
+            self.ubuf.reserve(BUF_SIZE / 2);
+            match tokio::time::timeout(read_timeout, c.conn.read_buf(&mut self.ubuf)).await {
+                Ok(Ok(0)) => {
+                    return Err((
+                        Error::upstream(Kind::UpstreamIo, "upstream closed before a response"),
+                        got,
+                    ))
+                }
+                Ok(Ok(_)) => got = true,
+                Ok(Err(e)) => {
+                    return Err((
+                        Error::upstream(Kind::UpstreamIo, format!("upstream read: {e}")),
+                        got,
+                    ))
+                }
+                Err(_) => {
+                    return Err((
+                        Error::upstream(Kind::UpstreamTimeout, "upstream read timed out"),
+                        true,
+                    ))
+                }
+            }
+        }
+    }
+
+    async fn write_synthetic(
+        &mut self,
+        s: &Synthetic,
+        keep: bool,
+        head_only: bool,
+    ) -> io::Result<()> {
+        self.out.clear();
+        let mut n = forward::itoa_buf();
+        self.out.put_slice(b"HTTP/1.1 ");
+        self.out.put_slice(forward::fmt_u16(s.status, &mut n));
+        self.out.put_u8(b' ');
+        self.out
+            .put_slice(sluice_http::status_reason(s.status).as_bytes());
+        self.out.put_slice(b"\r\nServer: sluice\r\nDate: ");
+        self.out.put_slice(&sluice_http::date::now());
+        self.out.put_slice(b"\r\nContent-Type: ");
+        self.out.put_slice(s.content_type.as_bytes());
+        self.out.put_slice(b"\r\nContent-Length: ");
+        self.out
+            .put_slice(forward::fmt_u64(s.body.len() as u64, &mut n));
+        self.out.put_slice(if keep {
+            &b"\r\n\r\n"[..]
+        } else {
+            &b"\r\nConnection: close\r\n\r\n"[..]
+        });
+        if !head_only {
+            self.out.put_slice(&s.body);
+        }
+        let r = self.io.write_all(&self.out).await;
+        self.out.clear();
+        r
+    }
+}
+
+fn idempotent(head: &RequestHead) -> bool {
+    matches!(
+        head.method_str(),
+        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+    )
+}
+
+fn hash_key<'a>(up: &UpstreamRt, view: &'a ReqView<'_>) -> Option<std::borrow::Cow<'a, [u8]>> {
+    use std::borrow::Cow;
+    if up.balancer.kind() != sluice_upstream::LbKind::Chash {
+        return None;
+    }
+    match &up.hash_on {
+        HashOn::Var(v) => view.var(v).map(|c| match c {
+            Cow::Borrowed(s) => Cow::Borrowed(s.as_bytes()),
+            Cow::Owned(s) => Cow::Owned(s.into_bytes()),
+        }),
+        HashOn::Header(h) => view.head.header(h).map(Cow::Borrowed),
+        HashOn::Cookie(c) => view.cookie(c).map(|s| Cow::Borrowed(s.as_bytes())),
+        HashOn::Consumer => Some(Cow::Owned(view.remote_addr().to_string().into_bytes())),
+    }
+}

@@ -1,0 +1,215 @@
+//! Writing the heads Sluice forwards: the request head to the upstream and the response head to the client.
+//!
+//! Header names, their case and order are copied byte for byte from what was received; only hop-by-hop fields
+//! (RFC 9110 §7.6.1, including those listed in `Connection`) are dropped, `Host` is set per `pass_host`, and the
+//! X-Forwarded-* family is added as APISIX's nginx template does.
+
+use bytes::{BufMut, BytesMut};
+use sluice_http::{connection_tokens, BodyKind, RequestHead, ResponseHead, Version};
+
+use crate::snapshot::{NodeRt, PassHost};
+
+pub(crate) struct ForwardInfo<'a> {
+    pub pass_host: &'a PassHost,
+    pub node: &'a NodeRt,
+    /// Client address as text, and the listener's port as text (formatted once per connection).
+    pub client_ip: &'a [u8],
+    pub server_port: &'a [u8],
+    pub scheme: &'static [u8],
+    /// Lower-cased host without port (APISIX `$host`), for X-Forwarded-Host.
+    pub host: Option<&'a str>,
+}
+
+fn put_header(out: &mut BytesMut, name: &[u8], value: &[u8]) {
+    out.put_slice(name);
+    out.put_slice(b": ");
+    out.put_slice(value);
+    out.put_slice(b"\r\n");
+}
+
+/// The request head for the upstream, always HTTP/1.1 keep-alive.
+pub(crate) fn request_head(head: &RequestHead, info: &ForwardInfo<'_>, out: &mut BytesMut) {
+    out.reserve(head.buf.len() + 160);
+    out.put_slice(head.slice(head.method));
+    out.put_u8(b' ');
+    // Absolute-form targets become origin-form: an origin server is not a proxy (RFC 9112 §3.2.2).
+    let target = head.slice(head.target);
+    if target.first() == Some(&b'/') || target == b"*" {
+        out.put_slice(target);
+    } else {
+        out.put_slice(head.slice(head.path));
+        if let Some(q) = head.query {
+            out.put_u8(b'?');
+            out.put_slice(head.slice(q));
+        }
+    }
+    out.put_slice(b" HTTP/1.1\r\n");
+
+    let tokens = connection_tokens(&head.buf, &head.headers);
+    let mut xff: Option<(usize, usize)> = None; // where the joined X-Forwarded-For value goes
+    let (mut has_xfp, mut has_xfh, mut has_xfport, mut wrote_host) = (false, false, false, false);
+    for h in &head.headers {
+        let name = head.slice(h.name);
+        let value = head.slice(h.value);
+        if tokens.is_hop_by_hop(name) || name.eq_ignore_ascii_case(b"expect") {
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"host") {
+            if !wrote_host {
+                write_host(out, name, value, info);
+                wrote_host = true;
+            }
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"x-forwarded-for") {
+            // Several X-Forwarded-For fields are one list (RFC 9110 §5.3); keep the first field's position.
+            match xff {
+                None => {
+                    out.put_slice(name);
+                    out.put_slice(b": ");
+                    let start = out.len();
+                    out.put_slice(value);
+                    xff = Some((start, out.len()));
+                    out.put_slice(b"\r\n");
+                }
+                Some(_) => {
+                    append_xff(out, &mut xff, value);
+                }
+            }
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"x-real-ip") {
+            continue;
+        }
+        has_xfp |= name.eq_ignore_ascii_case(b"x-forwarded-proto");
+        has_xfh |= name.eq_ignore_ascii_case(b"x-forwarded-host");
+        has_xfport |= name.eq_ignore_ascii_case(b"x-forwarded-port");
+        put_header(out, name, value);
+    }
+    if !wrote_host {
+        write_host(out, b"Host", b"", info);
+    }
+    match xff {
+        Some(_) => append_xff(out, &mut xff, info.client_ip),
+        None => put_header(out, b"X-Forwarded-For", info.client_ip),
+    }
+    put_header(out, b"X-Real-IP", info.client_ip);
+    if !has_xfp {
+        put_header(out, b"X-Forwarded-Proto", info.scheme);
+    }
+    if !has_xfh {
+        if let Some(h) = info.host {
+            put_header(out, b"X-Forwarded-Host", h.as_bytes());
+        }
+    }
+    if !has_xfport {
+        put_header(out, b"X-Forwarded-Port", info.server_port);
+    }
+    if head.body == BodyKind::Chunked {
+        out.put_slice(b"Transfer-Encoding: chunked\r\n");
+    }
+    out.put_slice(b"\r\n");
+}
+
+/// Appends `, value` to the X-Forwarded-For value written at `xff`, shifting what follows it.
+fn append_xff(out: &mut BytesMut, xff: &mut Option<(usize, usize)>, value: &[u8]) {
+    let Some((start, end)) = *xff else { return };
+    let tail = out.split_off(end);
+    if end > start {
+        out.put_slice(b", ");
+    }
+    out.put_slice(value);
+    let new_end = out.len();
+    out.unsplit(tail);
+    *xff = Some((start, new_end));
+}
+
+fn write_host(out: &mut BytesMut, name: &[u8], client_value: &[u8], info: &ForwardInfo<'_>) {
+    let value: &[u8] = match info.pass_host {
+        PassHost::Pass if !client_value.is_empty() => client_value,
+        PassHost::Pass | PassHost::Node => &info.node.host_header,
+        PassHost::Rewrite(h) => h,
+    };
+    put_header(out, name, value);
+}
+
+/// How the response body is framed towards the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OutFraming {
+    None,
+    Length,
+    Chunked,
+    /// Delimited by closing the connection (HTTP/1.0 clients of chunked or read-to-close responses).
+    Close,
+}
+
+pub(crate) fn out_framing(resp: &ResponseHead, client: Version) -> OutFraming {
+    match (resp.body, client) {
+        (BodyKind::Empty, _) => OutFraming::None,
+        (BodyKind::Length(_), _) => OutFraming::Length,
+        (BodyKind::Chunked | BodyKind::Eof, Version::Http11) => OutFraming::Chunked,
+        (BodyKind::Chunked | BodyKind::Eof, Version::Http10) => OutFraming::Close,
+    }
+}
+
+/// The response head for the client. `keep_alive` is whether this connection stays open afterwards.
+pub(crate) fn response_head(
+    resp: &ResponseHead,
+    framing: OutFraming,
+    client: Version,
+    keep_alive: bool,
+    out: &mut BytesMut,
+) {
+    out.reserve(resp.buf.len() + 64);
+    out.put_slice(b"HTTP/1.1 ");
+    let mut code = itoa_buf();
+    out.put_slice(fmt_u16(resp.status, &mut code));
+    out.put_u8(b' ');
+    out.put_slice(resp.slice(resp.reason));
+    out.put_slice(b"\r\n");
+    let tokens = connection_tokens(&resp.buf, &resp.headers);
+    for h in &resp.headers {
+        let name = resp.slice(h.name);
+        if tokens.is_hop_by_hop(name) {
+            continue;
+        }
+        put_header(out, name, resp.slice(h.value));
+    }
+    if framing == OutFraming::Chunked {
+        out.put_slice(b"Transfer-Encoding: chunked\r\n");
+    }
+    if !keep_alive {
+        out.put_slice(b"Connection: close\r\n");
+    } else if client == Version::Http10 {
+        out.put_slice(b"Connection: keep-alive\r\n");
+    }
+    out.put_slice(b"\r\n");
+}
+
+pub(crate) fn itoa_buf() -> [u8; 20] {
+    [0u8; 20]
+}
+
+pub(crate) fn fmt_u16(mut n: u16, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+pub(crate) fn fmt_u64(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}

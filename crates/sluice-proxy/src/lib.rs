@@ -1,0 +1,21 @@
+//! Sluice's data plane. It receives compiled configuration ([`Snapshot`]) and serves HTTP/1.1 on worker threads;
+//! it knows nothing of stores, the Admin API or file formats (they depend on it, never the reverse).
+//!
+//! Request path: `server` accepts on a worker's own listener -> `conn` reads and parses a head (`sluice-http`) ->
+//! the snapshot's router (`sluice-router`) picks a route -> its upstream's balancer (`sluice-upstream`) picks a node
+//! -> `pool` lends a kept-alive connection -> `forward` writes the head, `body` streams bodies both ways.
+//! docs/architecture.md draws the whole picture.
+
+mod body;
+mod conn;
+mod error;
+mod forward;
+mod pool;
+mod server;
+mod snapshot;
+mod tls;
+mod view;
+
+pub use error::{Error, Side};
+pub use server::{Gateway, Listeners, ProxyConfig, Running};
+pub use snapshot::Snapshot;

@@ -1,0 +1,300 @@
+//! Listeners, worker threads and graceful shutdown.
+//!
+//! Each worker is an OS thread running a single-threaded tokio runtime with its own SO_REUSEPORT listener per
+//! address, so the kernel spreads connections over workers and a connection never migrates between threads
+//! (nginx's model). Per-worker state (the upstream pool) therefore needs no locks. The shared state is the
+//! published snapshot, a generation counter, and a handful of counters touched per connection, not per request.
+
+use std::cell::Cell;
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use sluice_http::Limits;
+use sluice_model::NodeConfig;
+use tokio::net::TcpListener;
+
+use crate::conn::Conn;
+use crate::pool::Pool;
+use crate::snapshot::Snapshot;
+
+/// Data-plane settings taken from the node configuration at start.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub limits: Limits,
+    pub header_timeout: Duration,
+    pub keepalive_timeout: Duration,
+    pub graceful_timeout: Duration,
+    /// 0 = unlimited.
+    pub max_body: u64,
+    pub max_connections: usize,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig::from_node(&NodeConfig::default())
+    }
+}
+
+impl ProxyConfig {
+    pub fn from_node(n: &NodeConfig) -> Self {
+        let s = &n.sluice;
+        let secs = |v: f64| Duration::from_secs_f64(v.max(0.001));
+        ProxyConfig {
+            limits: Limits::default(),
+            header_timeout: secs(s.client_header_timeout),
+            keepalive_timeout: secs(s.keepalive_timeout),
+            graceful_timeout: secs(s.graceful_shutdown_timeout),
+            max_body: s.client_max_body_size,
+            max_connections: s.max_connections.max(1),
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub snapshot: ArcSwap<Snapshot>,
+    generation: AtomicU64,
+    pub cfg: ProxyConfig,
+    pub shutdown: tokio::sync::watch::Sender<bool>,
+    connections: AtomicUsize,
+    upstream_connects: AtomicU64,
+    accepted: AtomicU64,
+}
+
+impl Shared {
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+    pub fn count_connect(&self) {
+        self.upstream_connects.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+pub(crate) struct Worker {
+    pub shared: Arc<Shared>,
+    pub pool: Pool,
+    active: Cell<usize>,
+}
+
+/// The data plane: publish snapshots into it, start it on bound listeners, shut it down gracefully.
+#[derive(Clone)]
+pub struct Gateway {
+    shared: Arc<Shared>,
+}
+
+/// Listeners bound before the gateway starts, so tests and the binary can learn the real ports (port 0) and hand
+/// the sockets over without a bind race.
+pub struct Listeners {
+    per_worker: Vec<Vec<std::net::TcpListener>>,
+    pub local_addrs: Vec<SocketAddr>,
+}
+
+impl Listeners {
+    /// Binds `workers` SO_REUSEPORT sockets to each address. Port 0 is resolved by the first bind and reused.
+    pub fn bind(addrs: &[SocketAddr], workers: usize) -> io::Result<Listeners> {
+        let workers = workers.max(1);
+        let mut per_worker: Vec<Vec<std::net::TcpListener>> =
+            (0..workers).map(|_| Vec::new()).collect();
+        let mut local_addrs = Vec::new();
+        for addr in addrs {
+            let mut actual = *addr;
+            for (i, w) in per_worker.iter_mut().enumerate() {
+                let l = reuseport_listener(actual)?;
+                if i == 0 {
+                    actual = l.local_addr()?;
+                    local_addrs.push(actual);
+                }
+                w.push(l);
+            }
+        }
+        Ok(Listeners {
+            per_worker,
+            local_addrs,
+        })
+    }
+
+    pub fn workers(&self) -> usize {
+        self.per_worker.len()
+    }
+}
+
+fn reuseport_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(4096)?;
+    Ok(s.into())
+}
+
+/// Running worker threads.
+pub struct Running {
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Waits until every worker has drained and stopped.
+    pub fn join(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Gateway {
+    pub fn new(cfg: ProxyConfig, initial: Snapshot) -> Self {
+        let (shutdown, _) = tokio::sync::watch::channel(false);
+        Gateway {
+            shared: Arc::new(Shared {
+                snapshot: ArcSwap::from_pointee(initial),
+                generation: AtomicU64::new(1),
+                cfg,
+                shutdown,
+                connections: AtomicUsize::new(0),
+                upstream_connects: AtomicU64::new(0),
+                accepted: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Publishes a new snapshot to every worker. Requests in flight finish on the snapshot they started with; each
+    /// connection picks the new one up at its next request.
+    pub fn publish(&self, snap: Snapshot) {
+        self.shared.snapshot.store(Arc::new(snap));
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.shared.snapshot.load_full()
+    }
+
+    /// The configuration revision the data plane is serving.
+    pub fn applied_revision(&self) -> u64 {
+        self.shared.snapshot.load().revision
+    }
+
+    /// Upstream TCP connections opened so far (pool reuse shows as this staying far below the request count).
+    pub fn upstream_connects(&self) -> u64 {
+        self.shared.upstream_connects.load(Ordering::Relaxed)
+    }
+
+    /// Downstream connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Open downstream connections.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(Ordering::Relaxed)
+    }
+
+    /// Starts one worker thread per listener set.
+    pub fn start(&self, listeners: Listeners) -> io::Result<Running> {
+        let mut threads = Vec::new();
+        for (i, set) in listeners.per_worker.into_iter().enumerate() {
+            let shared = self.shared.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("sluice-worker-{i}"))
+                .spawn(move || worker_main(shared, set))?;
+            threads.push(t);
+        }
+        Ok(Running { threads })
+    }
+
+    /// Begins a graceful shutdown: stop accepting, let requests in flight finish (up to the graceful timeout),
+    /// close idle connections.
+    pub fn shutdown(&self) {
+        self.shared.shutdown.send_replace(true);
+    }
+}
+
+fn worker_main(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start worker runtime");
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let worker = Rc::new(Worker {
+            shared: shared.clone(),
+            pool: Pool::default(),
+            active: Cell::new(0),
+        });
+        let mut accept_tasks = Vec::new();
+        for l in listeners {
+            let l = match TcpListener::from_std(l) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot register listener");
+                    continue;
+                }
+            };
+            accept_tasks.push(tokio::task::spawn_local(accept_loop(l, worker.clone())));
+        }
+        for t in accept_tasks {
+            let _ = t.await;
+        }
+        // Draining: accept loops have stopped; wait for open connections to finish, within the grace period.
+        let deadline = tokio::time::Instant::now() + shared.cfg.graceful_timeout;
+        while worker.active.get() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+}
+
+async fn accept_loop(l: TcpListener, w: Rc<Worker>) {
+    let mut shutdown = w.shared.shutdown.subscribe();
+    let local_addr = l.local_addr().ok();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let accepted = tokio::select! {
+            r = l.accept() => r,
+            _ = shutdown.changed() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let shared = &w.shared;
+        shared.accepted.fetch_add(1, Ordering::Relaxed);
+        if shared.connections.fetch_add(1, Ordering::Relaxed) >= shared.cfg.max_connections {
+            shared.connections.fetch_sub(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        let local = stream.local_addr().ok().or(local_addr).unwrap_or(peer);
+        w.active.set(w.active.get() + 1);
+        let w2 = w.clone();
+        tokio::task::spawn_local(async move {
+            Conn::new(stream, peer, local, "http", w2.clone())
+                .run()
+                .await;
+            w2.active.set(w2.active.get() - 1);
+            w2.shared.connections.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}

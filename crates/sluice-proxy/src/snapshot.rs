@@ -1,0 +1,298 @@
+//! Compiling a configuration into the immutable runtime [`Snapshot`] the workers serve from.
+//!
+//! Everything that can be decided before a request arrives is decided here, once per configuration change: route
+//! and service merge, upstream references resolved to `Arc`s, node addresses resolved, balancers built, timeouts
+//! chosen. A request then does one router lookup and follows pointers; it never resolves an id or a name.
+//! Compilation is also the data plane's validation: a configuration that does not compile is never published.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ahash::AHashMap;
+use sluice_model::{merge_route_service, Id, Resources, Timeout, Upstream};
+use sluice_router::{RouteSpec, Router, Var};
+use sluice_upstream::{Balancer, LbKind, NodeSpec};
+
+use crate::tls;
+
+/// One published configuration. Immutable; replaced whole.
+pub struct Snapshot {
+    pub revision: u64,
+    pub(crate) router: Router<u32>,
+    pub(crate) routes: Vec<CompiledRoute>,
+}
+
+pub(crate) struct CompiledRoute {
+    pub id: Arc<str>,
+    pub upstream: Arc<UpstreamRt>,
+    pub timeouts: Timeouts,
+    #[allow(dead_code)] // read by the WebSocket path (issue 3)
+    pub websocket: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    pub connect: Duration,
+    pub send: Duration,
+    pub read: Duration,
+}
+
+impl From<Timeout> for Timeouts {
+    fn from(t: Timeout) -> Self {
+        let d = |s: f64| Duration::from_secs_f64(s.max(0.001));
+        Timeouts {
+            connect: d(t.connect),
+            send: d(t.send),
+            read: d(t.read),
+        }
+    }
+}
+
+pub(crate) enum PassHost {
+    Pass,
+    Node,
+    Rewrite(Box<[u8]>),
+}
+
+pub(crate) enum HashOn {
+    Var(Var),
+    Header(Box<str>),
+    Cookie(Box<str>),
+    /// Not known until the auth plugins land; hashes on the client address until then.
+    Consumer,
+}
+
+pub(crate) struct NodeRt {
+    pub addr: SocketAddr,
+    /// `host[:port]` for `pass_host: node`, port omitted when it is the scheme's default.
+    pub host_header: Box<[u8]>,
+    pub sni: Option<rustls::pki_types::ServerName<'static>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PoolCfg {
+    pub size: usize,
+    pub idle_timeout: Duration,
+    pub requests: u32,
+}
+
+pub(crate) struct UpstreamRt {
+    pub balancer: Balancer,
+    pub nodes: Vec<NodeRt>,
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub pass_host: PassHost,
+    pub hash_on: HashOn,
+    /// `None`: as many as there are other nodes (APISIX's default).
+    pub retries: Option<u32>,
+    pub retry_timeout: Option<Duration>,
+    pub timeouts: Option<Timeouts>,
+    pub pool: PoolCfg,
+}
+
+impl Snapshot {
+    pub fn empty() -> Self {
+        Snapshot {
+            revision: 0,
+            router: Router::build(Vec::new())
+                .unwrap_or_else(|_| unreachable!("an empty router always builds")),
+            routes: Vec::new(),
+        }
+    }
+
+    pub fn route_count(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// Compiles `res` at `revision`. An error names the resource at fault, in APISIX's words where it has them.
+    pub fn compile(res: &Resources, revision: u64) -> Result<Snapshot, String> {
+        let services: AHashMap<&Id, _> = res.services.iter().map(|s| (&s.id, s)).collect();
+        let plugin_configs: AHashMap<&Id, _> =
+            res.plugin_configs.iter().map(|p| (&p.id, p)).collect();
+        let mut shared: AHashMap<&str, Arc<UpstreamRt>> = AHashMap::new();
+        for u in &res.upstreams {
+            let id = u.id.as_ref().map(|i| i.0.as_str()).unwrap_or_default();
+            let rt = compile_upstream(u).map_err(|e| format!("upstream {id}: {e}"))?;
+            shared.insert(id, Arc::new(rt));
+        }
+
+        let mut specs = Vec::with_capacity(res.routes.len());
+        let mut routes = Vec::with_capacity(res.routes.len());
+        for r in res.routes.iter().filter(|r| r.enabled()) {
+            let ctx = |e: String| format!("route {}: {e}", r.id);
+            let service = match &r.service_id {
+                Some(id) => Some(*services.get(id).ok_or_else(|| {
+                    ctx(format!("failed to fetch service info by service id [{id}]"))
+                })?),
+                None => None,
+            };
+            let pc = match &r.plugin_config_id {
+                Some(id) => Some(
+                    &plugin_configs
+                        .get(id)
+                        .ok_or_else(|| {
+                            ctx(format!(
+                                "failed to fetch plugin config info by plugin config id [{id}]"
+                            ))
+                        })?
+                        .plugins,
+                ),
+                None => None,
+            };
+            let eff = merge_route_service(r, service, pc);
+            let upstream = match (&eff.upstream, &eff.upstream_id) {
+                (Some(u), _) => Arc::new(compile_upstream(u).map_err(ctx)?),
+                (None, Some(id)) => shared.get(id.0.as_str()).cloned().ok_or_else(|| {
+                    ctx(format!(
+                        "failed to fetch upstream info by upstream id [{id}]"
+                    ))
+                })?,
+                (None, None) => {
+                    return Err(ctx(
+                        "missing upstream configuration in Route or Service".into()
+                    ))
+                }
+            };
+            let timeouts = r
+                .timeout
+                .map(Timeouts::from)
+                .or(upstream.timeouts)
+                .unwrap_or_else(|| Timeout::default().into());
+            let uris = r.all_uris();
+            if uris.is_empty() {
+                return Err(ctx("one of uri or uris is required".into()));
+            }
+            specs.push(RouteSpec {
+                uris,
+                hosts: eff.hosts.clone(),
+                methods: r.methods.clone(),
+                remote_addrs: r.all_remote_addrs(),
+                vars: r.vars.clone(),
+                priority: r.priority,
+                value: routes.len() as u32,
+            });
+            routes.push(CompiledRoute {
+                id: Arc::from(r.id.0.as_str()),
+                upstream,
+                timeouts,
+                websocket: eff.enable_websocket,
+            });
+        }
+        let router = Router::build(specs).map_err(|e| {
+            let id = routes.get(e.index).map_or("?", |r| &r.id);
+            format!("route {id}: {}", e.reason)
+        })?;
+        Ok(Snapshot {
+            revision,
+            router,
+            routes,
+        })
+    }
+}
+
+fn compile_upstream(u: &Upstream) -> Result<UpstreamRt, String> {
+    let kind = match u.kind.as_str() {
+        "roundrobin" => LbKind::RoundRobin,
+        "chash" => LbKind::Chash,
+        "least_conn" => LbKind::LeastConn,
+        "ewma" => LbKind::Ewma,
+        other => return Err(format!("unknown upstream type {other:?}")),
+    };
+    let https = match u.scheme.as_str() {
+        "http" => false,
+        "https" => true,
+        other => {
+            return Err(format!(
+                "unsupported scheme {other:?} (http and https are served)"
+            ))
+        }
+    };
+    let default_port = if https { 443 } else { 80 };
+    let list = u.nodes.to_list()?;
+    if list.is_empty() {
+        return Err("upstream has no nodes".into());
+    }
+    let mut nodes = Vec::with_capacity(list.len());
+    let mut specs = Vec::with_capacity(list.len());
+    for n in &list {
+        let port = n.port.unwrap_or(default_port);
+        // Resolved once per compile: DNS names in nodes follow config changes, not TTLs.
+        let addr = (n.host.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve node {}:{port}: {e}", n.host))?
+            .next()
+            .ok_or_else(|| format!("node {}:{port} resolves to no address", n.host))?;
+        let host_header = if port == default_port {
+            n.host.clone()
+        } else if n.host.contains(':') {
+            format!("[{}]:{port}", n.host)
+        } else {
+            format!("{}:{port}", n.host)
+        };
+        let sni = if https {
+            Some(
+                rustls::pki_types::ServerName::try_from(n.host.clone())
+                    .map_err(|e| format!("node {}: invalid TLS server name: {e}", n.host))?,
+            )
+        } else {
+            None
+        };
+        nodes.push(NodeRt {
+            addr,
+            host_header: host_header.clone().into_bytes().into(),
+            sni,
+        });
+        specs.push(NodeSpec {
+            addr: host_header,
+            weight: n.weight,
+            priority: n.priority,
+        });
+    }
+    let pass_host = match u.pass_host.as_str() {
+        "pass" => PassHost::Pass,
+        "node" => PassHost::Node,
+        "rewrite" => PassHost::Rewrite(
+            u.upstream_host
+                .clone()
+                .ok_or("pass_host is rewrite but upstream_host is not set")?
+                .into_bytes()
+                .into(),
+        ),
+        other => return Err(format!("invalid pass_host {other:?}")),
+    };
+    let hash_on = match (u.hash_on.as_str(), u.key.as_deref()) {
+        (_, None) if kind == LbKind::Chash => return Err("missing key for chash".into()),
+        ("vars", key) => HashOn::Var(Var::parse(key.unwrap_or("remote_addr"))),
+        ("header", Some(k)) => HashOn::Header(k.to_ascii_lowercase().into()),
+        ("cookie", Some(k)) => HashOn::Cookie(k.into()),
+        ("consumer", _) => HashOn::Consumer,
+        ("vars_combinations", _) => {
+            return Err("hash_on vars_combinations is not supported yet".into());
+        }
+        (other, _) => return Err(format!("invalid hash_on {other:?}")),
+    };
+    let tls_cfg = if https {
+        Some(tls::client_config(u.tls.as_ref())?)
+    } else {
+        None
+    };
+    let kp = u.keepalive_pool;
+    Ok(UpstreamRt {
+        balancer: Balancer::new(kind, specs),
+        nodes,
+        tls: tls_cfg,
+        pass_host,
+        hash_on,
+        retries: u.retries,
+        retry_timeout: u
+            .retry_timeout
+            .filter(|t| *t > 0.0)
+            .map(Duration::from_secs_f64),
+        timeouts: u.timeout.map(Timeouts::from),
+        pool: PoolCfg {
+            size: kp.size as usize,
+            idle_timeout: Duration::from_secs_f64(kp.idle_timeout.max(0.0)),
+            requests: kp.requests.max(1),
+        },
+    })
+}

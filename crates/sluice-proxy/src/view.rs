@@ -1,0 +1,139 @@
+//! The request as routing, balancing and (later) plugins see it: a borrowed view over the parsed head plus the
+//! connection facts. Variables are answered by `match` on the compiled [`Var`], never by a string-keyed map; only
+//! the rarely used ones (cookies, the peer address as text) allocate.
+
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+
+use sluice_http::RequestHead;
+use sluice_router::{MatchRequest, Var};
+
+pub(crate) struct ReqView<'a> {
+    pub head: &'a RequestHead,
+    /// Host without port, lower-cased (borrowed when it already is).
+    pub host: Option<Cow<'a, str>>,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub scheme: &'static str,
+}
+
+impl<'a> ReqView<'a> {
+    pub fn new(
+        head: &'a RequestHead,
+        peer: SocketAddr,
+        local: SocketAddr,
+        scheme: &'static str,
+    ) -> Self {
+        let host = head.host_str().map(|h| {
+            let h = strip_port(h);
+            if h.bytes().any(|b| b.is_ascii_uppercase()) {
+                Cow::Owned(h.to_ascii_lowercase())
+            } else {
+                Cow::Borrowed(h)
+            }
+        });
+        ReqView {
+            head,
+            host,
+            peer,
+            local,
+            scheme,
+        }
+    }
+
+    fn header_str(&self, lower: &str) -> Option<&str> {
+        self.head
+            .header(lower)
+            .and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    pub fn cookie(&self, name: &str) -> Option<&str> {
+        self.head
+            .headers_iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(b"cookie"))
+            .filter_map(|(_, v)| std::str::from_utf8(v).ok())
+            .flat_map(|v| v.split(';'))
+            .find_map(|kv| {
+                let (k, v) = kv.trim().split_once('=')?;
+                (k == name).then_some(v)
+            })
+    }
+
+    pub fn arg(&self, name: &str) -> Option<&str> {
+        self.head.query_str()?.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (k == name).then_some(v)
+        })
+    }
+}
+
+/// `example.com:8080` -> `example.com`; `[::1]:80` -> `[::1]`.
+fn strip_port(h: &str) -> &str {
+    if h.starts_with('[') {
+        return h.find(']').map_or(h, |i| &h[..=i]);
+    }
+    h.rsplit_once(':').map_or(h, |(a, _)| a)
+}
+
+impl MatchRequest for ReqView<'_> {
+    fn path(&self) -> &str {
+        self.head.path_str()
+    }
+    fn host(&self) -> Option<&str> {
+        self.host.as_deref()
+    }
+    fn method(&self) -> &str {
+        self.head.method_str()
+    }
+    fn remote_addr(&self) -> IpAddr {
+        self.peer.ip()
+    }
+    fn var(&self, var: &Var) -> Option<Cow<'_, str>> {
+        match var {
+            Var::Uri => Some(Cow::Borrowed(self.head.path_str())),
+            Var::RequestUri => Some(Cow::Borrowed(self.head.target_str())),
+            Var::Host => self.host.as_deref().map(Cow::Borrowed),
+            Var::RemoteAddr => Some(Cow::Owned(self.peer.ip().to_string())),
+            Var::RemotePort => Some(Cow::Owned(self.peer.port().to_string())),
+            Var::ServerPort => Some(Cow::Owned(self.local.port().to_string())),
+            Var::RequestMethod => Some(Cow::Borrowed(self.head.method_str())),
+            Var::Scheme => Some(Cow::Borrowed(self.scheme)),
+            Var::Args => self.head.query_str().map(Cow::Borrowed),
+            Var::Arg(name) => self.arg(name).map(Cow::Borrowed),
+            Var::Http(name) => self.header_str(name).map(Cow::Borrowed),
+            Var::Cookie(name) => self.cookie(name).map(Cow::Borrowed),
+            Var::Other(name) => match name.as_ref() {
+                "server_addr" => Some(Cow::Owned(self.local.ip().to_string())),
+                "server_protocol" => Some(Cow::Borrowed(match self.head.version {
+                    sluice_http::Version::Http10 => "HTTP/1.0",
+                    sluice_http::Version::Http11 => "HTTP/1.1",
+                })),
+                "http_host" => self.head.host_str().map(Cow::Borrowed),
+                _ => None,
+            },
+        }
+    }
+    fn var_has(&self, var: &Var, item: &str) -> bool {
+        match var {
+            Var::Http(name) => self
+                .head
+                .headers_iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+                .any(|(_, v)| v == item.as_bytes()),
+            _ => self.var(var).as_deref() == Some(item),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strip_port;
+
+    #[test]
+    fn strips_ports() {
+        assert_eq!(strip_port("a.com:80"), "a.com");
+        assert_eq!(strip_port("a.com"), "a.com");
+        assert_eq!(strip_port("[::1]:80"), "[::1]");
+        assert_eq!(strip_port("[::1]"), "[::1]");
+    }
+}

@@ -1,0 +1,85 @@
+//! The `sluice` command: `start` runs the gateway, `mock` a fast origin, `bench` the benchmark suite.
+//! Each subcommand lives in its own crate or module; this file only parses arguments and dispatches.
+
+mod start;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+// mimalloc: measured ~10% fewer instructions per proxied request than glibc malloc (docs/architecture.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Sluice: an APISIX-compatible API gateway"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the gateway in the foreground (logs to stderr).
+    Start {
+        /// Node configuration, APISIX's conf/config.yaml layout. Resources come from apisix.yaml beside it.
+        #[arg(short = 'c', long = "config", default_value = "conf/config.yaml")]
+        config: PathBuf,
+        /// Standalone resources file (default: apisix.yaml next to the config file).
+        #[arg(long = "apisix-yaml")]
+        apisix_yaml: Option<PathBuf>,
+        /// Worker threads (overrides nginx_config.worker_processes).
+        #[arg(long)]
+        workers: Option<usize>,
+    },
+    /// Run a fast mock upstream (HTTP/1.1 keep-alive, fixed body, optional delay).
+    Mock(sluice_mock::MockArgs),
+    /// Print the version.
+    Version,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Start {
+            config,
+            apisix_yaml,
+            workers,
+        } => {
+            init_logging();
+            match start::run(&config, apisix_yaml, workers) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    eprintln!("sluice: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Cmd::Mock(args) => match sluice_mock::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluice mock: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Cmd::Version => {
+            println!("sluice {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
