@@ -882,3 +882,77 @@ fn pipelined_responses_parse_in_turn() {
     assert_eq!((second.status, second.body), (204, BodyKind::Empty));
     assert!(buf.is_empty());
 }
+
+// --- robustness ---
+
+/// Deterministic xorshift so the mutation test needs no extra dependency and always runs the same cases.
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// Apply 1-3 random replace/insert/delete edits drawn from bytes that matter to the grammar.
+fn mutate(seed: &[u8], state: &mut u64) -> Vec<u8> {
+    const BYTES: &[u8] = b" \t\r\n:;,/?#@[]*0019aAzZ\x00\x7f\x80\xff";
+    let mut input = seed.to_vec();
+    for _ in 0..1 + xorshift(state) % 3 {
+        let at = (xorshift(state) as usize) % input.len();
+        let b = BYTES[(xorshift(state) as usize) % BYTES.len()];
+        match xorshift(state) % 3 {
+            0 => input[at] = b,
+            1 => input.insert(at, b),
+            _ => {
+                input.remove(at);
+            }
+        }
+    }
+    input
+}
+
+/// Mutated heads never panic, and whole vs byte-by-byte vs split parsing agree on every one of them.
+#[test]
+fn mutated_heads_parse_consistently() {
+    const SEEDS: &[&[u8]] = &[
+        b"GET /a?b=c HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+        b"POST http://a.test/x HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"CONNECT a.test:443 HTTP/1.0\r\nX: y\r\n\r\n",
+    ];
+    let mut state = 0x5eed_u64;
+    for seed in SEEDS {
+        for _ in 0..300 {
+            let input = mutate(seed, &mut state);
+            // Only complete heads are comparable; an incomplete one must simply stay Ok(None).
+            let mut probe = BytesMut::from(&input[..]);
+            if matches!(parse_request(&mut probe, &Limits::default()), Ok(None)) {
+                continue;
+            }
+            let _ = req(&input);
+        }
+    }
+}
+
+/// The same for response heads (HEAD and non-HEAD requests).
+#[test]
+fn mutated_response_heads_parse_consistently() {
+    const SEEDS: &[&[u8]] = &[
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\nabc",
+        b"HTTP/1.0 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n",
+    ];
+    let mut state = 0xfeed_u64;
+    for seed in SEEDS {
+        for i in 0..300 {
+            let input = mutate(seed, &mut state);
+            let mut probe = BytesMut::from(&input[..]);
+            if matches!(
+                parse_response(&mut probe, &Limits::default(), false),
+                Ok(None)
+            ) {
+                continue;
+            }
+            let _ = res_with(&input, i % 2 == 0);
+        }
+    }
+}
