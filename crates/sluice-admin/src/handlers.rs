@@ -1,0 +1,408 @@
+//! The generic Admin API verbs over declared resources (`resources.rs`): GET one / list (filters, pagination),
+//! PUT, POST, PATCH, DELETE with APISIX's id rules, timestamps, v3 envelopes, status codes and error texts.
+//! Every write is validated on a copy, dry-run through the data plane's checker against the complete candidate
+//! configuration, then committed with compare-and-swap guards.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sluice_store::kv::{now, Op, Snapshot, StoreError};
+
+use crate::resources::{self, Kind, CREDENTIALS};
+use crate::{patch, AdminState, Reply};
+
+/// A parsed Admin API request, auth already checked.
+pub(crate) struct Req {
+    pub method: String,
+    /// Segments after `/apisix/admin/`.
+    pub segs: Vec<String>,
+    pub query: Vec<(String, String)>,
+    pub body: Option<Value>,
+}
+
+impl Req {
+    pub fn arg(&self, name: &str) -> Option<&str> {
+        self.query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Where a resource lives: its declaration and its key-space prefix (`routes/` or `consumers/jack/credentials/`).
+pub(crate) struct Target {
+    pub kind: &'static Kind,
+    pub prefix: String,
+    pub id: Option<String>,
+    pub sub_path: String,
+}
+
+fn full_key(key: &str) -> String {
+    format!("/apisix/{key}")
+}
+
+fn envelope(key: &str, e: &sluice_store::kv::Entry, kind: &Kind) -> Value {
+    let mut value = e.value.clone();
+    if kind.name == "ssls" {
+        // As APISIX: private keys are never returned.
+        if let Some(o) = value.as_object_mut() {
+            o.remove("key");
+            o.remove("keys");
+        }
+    }
+    json!({"key": full_key(key), "value": value,
+           "createdIndex": e.create_revision, "modifiedIndex": e.mod_revision})
+}
+
+pub(crate) fn store_error(e: StoreError) -> Reply {
+    match e {
+        StoreError::Unavailable(m) => Reply::error(503, m),
+        StoreError::Conflict(m) => Reply::error(409, m),
+        StoreError::Unsupported(m) => Reply::error(501, m),
+    }
+}
+
+pub(crate) async fn resource(state: &AdminState, req: &Req, t: Target) -> Reply {
+    match req.method.as_str() {
+        "GET" => get(state, req, &t),
+        "PUT" | "POST" | "PATCH" | "DELETE" if !state.store.healthy() => {
+            Reply::error(503, "the configuration store is unavailable")
+        }
+        "PUT" => put(state, req, &t, false).await,
+        "POST" if !t.kind.post => Reply::error(
+            405,
+            format!("not supported `POST` method for {}", t.kind.kind),
+        ),
+        "POST" => put(state, req, &t, true).await,
+        "PATCH" => patch(state, req, &t).await,
+        "DELETE" => delete(state, req, &t).await,
+        _ => Reply::error(404, "not found"),
+    }
+}
+
+fn get(state: &AdminState, req: &Req, t: &Target) -> Reply {
+    let snap = state.store.snapshot();
+    if let Some(id) = &t.id {
+        let key = format!("{}{id}", t.prefix);
+        return match snap.get(&key) {
+            Some(e) => Reply::json(200, envelope(&key, e, t.kind)),
+            None => Reply::not_found(),
+        };
+    }
+    let name_re = match req.arg("name").map(regex::Regex::new).transpose() {
+        Ok(r) => r,
+        Err(e) => return Reply::error(400, format!("invalid name filter: {e}")),
+    };
+    let uri_re = match req.arg("uri").map(regex::Regex::new).transpose() {
+        Ok(r) => r,
+        Err(e) => return Reply::error(400, format!("invalid uri filter: {e}")),
+    };
+    let label = req.arg("label");
+    let mut list: Vec<Value> = Vec::new();
+    for (key, e) in snap.under(&t.prefix) {
+        if key[t.prefix.len()..].contains('/') {
+            continue;
+        }
+        let v = &e.value;
+        if let Some(re) = &name_re {
+            if !v
+                .get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| re.is_match(n))
+            {
+                continue;
+            }
+        }
+        if let Some(l) = label {
+            if !v
+                .get("labels")
+                .and_then(Value::as_object)
+                .is_some_and(|m| m.contains_key(l))
+            {
+                continue;
+            }
+        }
+        if let Some(re) = &uri_re {
+            let uri_ok = v
+                .get("uri")
+                .and_then(Value::as_str)
+                .is_some_and(|u| re.is_match(u));
+            let uris_ok = v
+                .get("uris")
+                .and_then(Value::as_array)
+                .is_some_and(|us| us.iter().filter_map(Value::as_str).any(|u| re.is_match(u)));
+            if !uri_ok && !uris_ok {
+                continue;
+            }
+        }
+        list.push(envelope(key, e, t.kind));
+    }
+    let total = list.len();
+    if let (Some(page), Some(size)) = (req.arg("page"), req.arg("page_size")) {
+        let size: usize = size.parse().unwrap_or(0);
+        if !(10..=500).contains(&size) {
+            return Reply::json(
+                400,
+                Value::String("page_size must be between 10 and 500".into()),
+            );
+        }
+        let page: usize = page.parse().ok().filter(|p| *p >= 1).unwrap_or(1);
+        list = list
+            .into_iter()
+            .skip((page - 1) * size)
+            .take(size)
+            .collect();
+    }
+    Reply::json(200, json!({"total": total, "list": list}))
+}
+
+/// A fresh id for POST: decimal, increasing, unique within this process (APISIX lets etcd generate one).
+fn gen_id() -> String {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let prev = LAST.fetch_max(micros, Ordering::Relaxed);
+    let id = if prev >= micros {
+        LAST.fetch_add(1, Ordering::Relaxed) + 1
+    } else {
+        micros
+    };
+    format!("{id:020}")
+}
+
+async fn put(state: &AdminState, req: &Req, t: &Target, post: bool) -> Reply {
+    let kind = t.kind;
+    let Some(body) = &req.body else {
+        return Reply::error(400, "missing configurations");
+    };
+    let Some(conf) = body.as_object() else {
+        return Reply::error(
+            400,
+            format!(
+                "invalid configuration: wrong type: expected object, got {}",
+                json_type(body)
+            ),
+        );
+    };
+    let mut conf = conf.clone();
+    let body_id = conf.get(kind.id_field).and_then(resources::id_string);
+    let id = if post {
+        if t.id.is_some() || (kind.id_field == "id" && body_id.is_some()) {
+            return Reply::error(400, format!("wrong {} id, do not need it", kind.kind));
+        }
+        gen_id()
+    } else {
+        match (&t.id, &body_id) {
+            (None, None) if kind.id_field == "username" => {
+                return Reply::error(
+                    400,
+                    "invalid configuration: property \"username\" is required",
+                )
+            }
+            (None, None) => return Reply::error(400, format!("missing {} id", kind.kind)),
+            (Some(p), Some(b)) if p != b && kind.id_field == "username" => {
+                return Reply::error(400, "wrong username")
+            }
+            (Some(p), Some(b)) if p != b => {
+                return Reply::error(400, format!("wrong {} id", kind.kind))
+            }
+            (Some(p), _) => p.clone(),
+            (None, Some(b)) => b.clone(),
+        }
+    };
+    if let Err(r) = resources::forbidden_times(&conf) {
+        return r;
+    }
+    if kind.name != "credentials" {
+        conf.entry(kind.id_field.to_owned())
+            .or_insert_with(|| Value::String(id.clone()));
+    }
+    let _w = state.write_lock.lock().await;
+    let snap = state.store.snapshot();
+    let key = format!("{}{id}", t.prefix);
+    let old = snap.get(&key);
+    let ts = now();
+    let create = old
+        .and_then(|e| e.value.get("create_time").cloned())
+        .unwrap_or(json!(ts));
+    conf.insert("create_time".into(), create);
+    conf.insert("update_time".into(), json!(ts));
+    let value = Value::Object(conf);
+    if let Err(r) = resources::check(kind, &value, &snap, state.plugins.as_ref()) {
+        return r;
+    }
+    let created = old.is_none();
+    let ops = vec![Op::Put {
+        key: key.clone(),
+        value: value.clone(),
+        expect_mod: Some(old.map_or(0, |e| e.mod_revision)),
+    }];
+    match commit(state, &snap, ops, req).await {
+        Ok(()) => Reply::json(
+            if created || post { 201 } else { 200 },
+            json!({"key": full_key(&key), "value": value}),
+        ),
+        Err(r) => r,
+    }
+}
+
+async fn patch(state: &AdminState, req: &Req, t: &Target) -> Reply {
+    let kind = t.kind;
+    let Some(id) = &t.id else {
+        return Reply::error(400, format!("missing {} id", kind.kind));
+    };
+    let Some(body) = &req.body else {
+        return Reply::error(400, "missing new configuration");
+    };
+    if t.sub_path.is_empty() && !body.is_object() {
+        return Reply::error(400, "invalid configuration");
+    }
+    let _w = state.write_lock.lock().await;
+    let snap = state.store.snapshot();
+    let key = format!("{}{id}", t.prefix);
+    let Some(old) = snap.get(&key) else {
+        return Reply::not_found();
+    };
+    let mut value = old.value.clone();
+    if t.sub_path.is_empty() {
+        patch::merge(&mut value, body);
+    } else if let Err(e) = patch::set_sub_path(&mut value, &t.sub_path, body.clone()) {
+        return Reply::error(400, e);
+    }
+    if let Some(o) = value.as_object_mut() {
+        // The id cannot be patched away or changed.
+        o.insert(
+            kind.id_field.into(),
+            old.value.get(kind.id_field).cloned().unwrap_or(json!(id)),
+        );
+        if let Some(c) = old.value.get("create_time") {
+            o.insert("create_time".into(), c.clone());
+        }
+        let explicit = t.sub_path.is_empty() && body.get("update_time").is_some();
+        if !explicit {
+            o.insert("update_time".into(), json!(now()));
+        }
+    }
+    if let Err(r) = resources::check(kind, &value, &snap, state.plugins.as_ref()) {
+        return r;
+    }
+    let ops = vec![Op::Put {
+        key: key.clone(),
+        value: value.clone(),
+        expect_mod: Some(old.mod_revision),
+    }];
+    match commit(state, &snap, ops, req).await {
+        Ok(()) => Reply::json(200, json!({"key": full_key(&key), "value": value})),
+        Err(r) => r,
+    }
+}
+
+async fn delete(state: &AdminState, req: &Req, t: &Target) -> Reply {
+    let kind = t.kind;
+    let Some(id) = &t.id else {
+        return Reply::error(400, format!("missing {} id", kind.kind));
+    };
+    let _w = state.write_lock.lock().await;
+    let snap = state.store.snapshot();
+    let key = format!("{}{id}", t.prefix);
+    let Some(old) = snap.get(&key) else {
+        return Reply::not_found();
+    };
+    if req.arg("force") != Some("true") {
+        if let Some(msg) = resources::delete_blocker(kind, id, &snap) {
+            return Reply::error(400, msg);
+        }
+    }
+    let mut ops = vec![Op::Delete {
+        key: key.clone(),
+        expect_mod: Some(old.mod_revision),
+    }];
+    if kind.name == "consumers" {
+        // A consumer's credentials go with it.
+        let sub = format!("{key}/credentials/");
+        ops.extend(snap.under(&sub).map(|(k, _)| Op::Delete {
+            key: k.clone(),
+            expect_mod: None,
+        }));
+    }
+    match commit(state, &snap, ops, req).await {
+        Ok(()) => Reply::json(200, json!({"deleted": "1", "key": full_key(&key)})),
+        Err(r) => r,
+    }
+}
+
+/// Dry-runs the complete candidate configuration through the data plane's checker, commits, and with
+/// `?wait=applied` waits until the data plane reports the new revision.
+pub(crate) async fn commit(
+    state: &AdminState,
+    snap: &Snapshot,
+    ops: Vec<Op>,
+    req: &Req,
+) -> Result<(), Reply> {
+    let mut candidate = snap.clone();
+    candidate.apply(&ops, snap.revision + 1);
+    (state.checker)(&candidate.to_resources()).map_err(|e| Reply::error(400, e))?;
+    let rev = state.store.commit(ops).await.map_err(store_error)?;
+    if req.arg("wait") == Some("applied") {
+        let mut rx = state.applied.clone();
+        let waited =
+            tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|a| *a >= rev)).await;
+        if !matches!(waited, Ok(Ok(_))) {
+            return Err(Reply::error(
+                504,
+                format!("revision {rev} was committed but not applied within 10s"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// Maps `/apisix/admin/{segs}` to a resource target, or None when it is no resource URL.
+pub(crate) fn target(segs: &[String]) -> Option<Target> {
+    let (first, rest) = segs.split_first()?;
+    if first == "consumers" && rest.len() >= 2 && rest[1] == "credentials" {
+        return Some(Target {
+            kind: &CREDENTIALS,
+            prefix: format!("consumers/{}/credentials/", rest[0]),
+            id: rest.get(2).cloned(),
+            sub_path: rest.get(3..).map(|s| s.join("/")).unwrap_or_default(),
+        });
+    }
+    let kind = resources::find(first)?;
+    Some(Target {
+        kind,
+        prefix: format!("{}/", kind.name),
+        id: rest.first().filter(|s| !s.is_empty()).cloned(),
+        sub_path: rest.get(1..).map(|s| s.join("/")).unwrap_or_default(),
+    })
+}
+
+/// Credentials need their consumer; checked before the generic verb runs.
+pub(crate) fn consumer_exists(state: &AdminState, t: &Target) -> bool {
+    let Some(user) = t
+        .prefix
+        .strip_prefix("consumers/")
+        .and_then(|r| r.split('/').next())
+    else {
+        return true;
+    };
+    t.kind.name != "credentials"
+        || state
+            .store
+            .snapshot()
+            .get(&format!("consumers/{user}"))
+            .is_some()
+}

@@ -1,0 +1,201 @@
+//! Sluice's additions to the Admin API: configuration history and node status. Every committed write is a
+//! revision; these endpoints list revisions, show what one changed, diff two, and roll back to one (as a new
+//! revision, validated like any write). Status reports the store's and the data plane's applied revisions.
+//!
+//!   GET  /apisix/admin/history?after=N&limit=M    revisions after N, oldest first (keys and actions only)
+//!   GET  /apisix/admin/history/{rev}              one revision with old/new values
+//!   GET  /apisix/admin/history/diff?from=A&to=B   net change between two revisions
+//!   POST /apisix/admin/history/{rev}/rollback     restore the configuration as it was at {rev}
+//!   GET  /apisix/admin/status                     backend, revision, applied revision, health
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+use sluice_store::kv::{Op, Revision};
+
+use crate::handlers::{commit, store_error, Req};
+use crate::{AdminState, Reply};
+
+const MAX_LIST: usize = 1000;
+
+fn action(old: &Option<Value>, new: &Option<Value>) -> &'static str {
+    match (old, new) {
+        (None, _) => "create",
+        (_, None) => "delete",
+        _ => "update",
+    }
+}
+
+fn num(req: &Req, name: &str) -> Result<Option<u64>, Reply> {
+    req.arg(name)
+        .map(|v| v.parse::<u64>())
+        .transpose()
+        .map_err(|_| Reply::error(400, format!("invalid argument {name}: should be a number")))
+}
+
+pub(crate) async fn handle(state: &AdminState, req: &Req, rest: &[String]) -> Reply {
+    let parts: Vec<&str> = rest.iter().map(String::as_str).collect();
+    let result = match (req.method.as_str(), parts.as_slice()) {
+        ("GET", []) => list(state, req).await,
+        ("GET", ["diff"]) => diff(state, req).await,
+        ("GET", [rev]) => one(state, rev).await,
+        ("POST", [rev, "rollback"]) => rollback(state, req, rev).await,
+        _ => Err(Reply::error(404, "not found")),
+    };
+    result.unwrap_or_else(|r| r)
+}
+
+async fn list(state: &AdminState, req: &Req) -> Result<Reply, Reply> {
+    let after = num(req, "after")?.unwrap_or(0);
+    let limit = num(req, "limit")?.map_or(100, |l| l as usize).min(MAX_LIST);
+    let revs = state
+        .store
+        .history(after, limit)
+        .await
+        .map_err(store_error)?;
+    let list: Vec<Value> = revs
+        .iter()
+        .map(|r| {
+            let changes: Vec<Value> = r
+                .changes
+                .iter()
+                .map(|c| json!({"key": format!("/apisix/{}", c.key), "action": action(&c.old, &c.new)}))
+                .collect();
+            json!({"revision": r.revision, "time": r.time, "changes": changes})
+        })
+        .collect();
+    Ok(Reply::json(200, json!({"total": list.len(), "list": list})))
+}
+
+fn parse_rev(rev: &str) -> Result<u64, Reply> {
+    rev.parse()
+        .map_err(|_| Reply::error(400, format!("invalid revision {rev:?}")))
+}
+
+async fn one(state: &AdminState, rev: &str) -> Result<Reply, Reply> {
+    let rev = parse_rev(rev)?;
+    let found = state
+        .store
+        .history(rev.saturating_sub(1), 1)
+        .await
+        .map_err(store_error)?;
+    match found.into_iter().find(|r| r.revision == rev) {
+        Some(r) => Ok(Reply::json(200, revision_json(&r))),
+        None => Err(Reply::error(404, format!("revision {rev} not found"))),
+    }
+}
+
+fn revision_json(r: &Revision) -> Value {
+    let changes: Vec<Value> = r
+        .changes
+        .iter()
+        .map(|c| {
+            json!({"key": format!("/apisix/{}", c.key), "action": action(&c.old, &c.new),
+                   "old": c.old, "new": c.new})
+        })
+        .collect();
+    json!({"revision": r.revision, "time": r.time, "changes": changes})
+}
+
+/// Net effect of revisions (from, to]: for each key, its value at `from` and at `to`.
+async fn net_changes(
+    state: &AdminState,
+    from: u64,
+    to: u64,
+) -> Result<BTreeMap<String, (Option<Value>, Option<Value>)>, Reply> {
+    let mut net: BTreeMap<String, (Option<Value>, Option<Value>)> = BTreeMap::new();
+    let mut after = from;
+    while after < to {
+        let batch = state
+            .store
+            .history(after, MAX_LIST)
+            .await
+            .map_err(store_error)?;
+        let Some(last) = batch.last().map(|r| r.revision) else {
+            break;
+        };
+        for r in batch.iter().filter(|r| r.revision <= to) {
+            for c in &r.changes {
+                let e = net.entry(c.key.clone()).or_insert((c.old.clone(), None));
+                e.1 = c.new.clone();
+            }
+        }
+        after = last;
+    }
+    net.retain(|_, (a, b)| a != b);
+    Ok(net)
+}
+
+async fn diff(state: &AdminState, req: &Req) -> Result<Reply, Reply> {
+    let current = state.store.snapshot().revision;
+    let from = num(req, "from")?.unwrap_or(0);
+    let to = num(req, "to")?.unwrap_or(current).min(current);
+    if from > to {
+        return Err(Reply::error(400, "from must not be greater than to"));
+    }
+    let net = net_changes(state, from, to).await?;
+    let changes: Vec<Value> = net
+        .into_iter()
+        .map(|(k, (old, new))| {
+            json!({"key": format!("/apisix/{k}"), "action": action(&old, &new), "old": old, "new": new})
+        })
+        .collect();
+    Ok(Reply::json(
+        200,
+        json!({"from": from, "to": to, "changes": changes}),
+    ))
+}
+
+async fn rollback(state: &AdminState, req: &Req, rev: &str) -> Result<Reply, Reply> {
+    let target = parse_rev(rev)?;
+    if !state.store.healthy() {
+        return Err(Reply::error(503, "the configuration store is unavailable"));
+    }
+    let _w = state.write_lock.lock().await;
+    let snap = state.store.snapshot();
+    if target > snap.revision {
+        return Err(Reply::error(404, format!("revision {target} not found")));
+    }
+    // Undo every revision after the target: each touched key returns to its value at the target.
+    let net = net_changes(state, target, snap.revision).await?;
+    let ops: Vec<Op> = net
+        .into_iter()
+        .map(|(key, (at_target, _))| {
+            let expect_mod = Some(snap.get(&key).map_or(0, |e| e.mod_revision));
+            match at_target {
+                Some(value) => Op::Put {
+                    key,
+                    value,
+                    expect_mod,
+                },
+                None => Op::Delete { key, expect_mod },
+            }
+        })
+        .collect();
+    let changed = ops.len();
+    if changed == 0 {
+        return Ok(Reply::json(
+            200,
+            json!({"revision": snap.revision, "rolled_back_to": target, "changes": 0}),
+        ));
+    }
+    commit(state, &snap, ops, req).await?;
+    let revision = state.store.snapshot().revision;
+    Ok(Reply::json(
+        200,
+        json!({"revision": revision, "rolled_back_to": target, "changes": changed}),
+    ))
+}
+
+pub(crate) fn status(state: &AdminState) -> Reply {
+    let snap = state.store.snapshot();
+    Reply::json(
+        200,
+        json!({
+            "backend": state.store.backend(),
+            "revision": snap.revision,
+            "applied": *state.applied.borrow(),
+            "healthy": state.store.healthy(),
+        }),
+    )
+}

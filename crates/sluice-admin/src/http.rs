@@ -1,0 +1,263 @@
+//! The Admin API's HTTP side on hyper 1: accept loop, `allow_admin` filtering, API-key authentication (header
+//! `X-API-KEY`, query `api_key`, cookie `x_api_key`; viewers may only GET), body decoding, URL dispatch, and the
+//! response headers APISIX sends (`X-API-VERSION: v3`, JSON content type). Resource semantics live in
+//! `handlers.rs`; this file knows no resource.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use sluice_model::schema;
+use tokio::net::TcpListener;
+
+use crate::config::Role;
+use crate::handlers::{self, Req};
+use crate::{history, resources, AdminState, Reply};
+
+/// APISIX's MAX_REQ_BODY: 1.5 MiB.
+const MAX_BODY: usize = 1536 * 1024;
+
+/// Serves the Admin API on an already-bound listener until the task is dropped.
+pub async fn serve(listener: TcpListener, state: AdminState) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(&state, peer, req).await) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
+                tracing::debug!(error = %e, "admin connection ended");
+            }
+        });
+    }
+}
+
+fn respond(reply: Reply) -> Response<Full<Bytes>> {
+    let (ctype, body) = match &reply.body {
+        Value::Null => ("application/json", Bytes::new()),
+        Value::String(s) => ("text/plain", Bytes::from(s.clone())),
+        v => ("application/json", Bytes::from(v.to_string())),
+    };
+    Response::builder()
+        .status(reply.status)
+        .header("content-type", ctype)
+        .header("x-api-version", "v3")
+        .header("server", concat!("Sluice/", env!("CARGO_PKG_VERSION")))
+        .body(Full::new(body))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                match std::str::from_utf8(&b[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                {
+                    Some(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub(crate) fn parse_query(q: &str) -> Vec<(String, String)> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (percent_decode(k), percent_decode(v)),
+            None => (percent_decode(p), String::new()),
+        })
+        .collect()
+}
+
+fn token<'a>(req: &'a Request<Incoming>, query: &'a [(String, String)]) -> Option<String> {
+    if let Some((_, v)) = query.iter().find(|(k, _)| k == "api_key") {
+        return Some(v.clone());
+    }
+    if let Some(v) = req.headers().get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(v.to_owned());
+    }
+    req.headers()
+        .get_all("cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|c| c.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == "x_api_key")
+        .map(|(_, v)| v.to_owned())
+}
+
+/// APISIX's check_token: no configured key means no authentication.
+fn check_token(state: &AdminState, method: &str, tok: Option<String>) -> Result<(), &'static str> {
+    let cfg = &state.config;
+    if !cfg.key_required || cfg.keys.is_empty() {
+        return Ok(());
+    }
+    let tok = tok.ok_or("missing apikey")?;
+    let key = cfg
+        .keys
+        .iter()
+        .find(|k| !k.key.is_empty() && k.key == tok)
+        .ok_or("wrong apikey")?;
+    if key.role == Role::Viewer && method != "GET" {
+        return Err("invalid method for role viewer");
+    }
+    Ok(())
+}
+
+async fn handle(
+    state: &AdminState,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    if !state.config.allowed(peer.ip()) {
+        return respond(Reply::json(403, Value::String("403 Forbidden".into())));
+    }
+    let method = req.method().as_str().to_owned();
+    let path = req.uri().path().to_owned();
+    let query = parse_query(req.uri().query().unwrap_or(""));
+    let Some(rest) = path
+        .strip_prefix("/apisix/admin")
+        .filter(|r| r.is_empty() || r.starts_with('/'))
+    else {
+        return respond(Reply::json(404, Value::Null));
+    };
+    if method == "HEAD" && rest.trim_matches('/').is_empty() {
+        return respond(Reply::json(200, Value::Null));
+    }
+    if let Err(why) = check_token(state, &method, token(&req, &query)) {
+        tracing::warn!(%peer, why, "admin: failed to check token");
+        return respond(Reply::json(
+            401,
+            json!({"error_msg": "failed to check token", "description": why}),
+        ));
+    }
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return respond(Reply::error(400, format!("invalid request body: {e}"))),
+    };
+    let body = if body.is_empty() {
+        None
+    } else {
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                return respond(Reply::json(
+                    400,
+                    json!({"error_msg": format!("invalid request body: {e}"),
+                           "req_body": String::from_utf8_lossy(&body)}),
+                ))
+            }
+        }
+    };
+    let segs = rest
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(percent_decode)
+        .collect();
+    let req = Req {
+        method,
+        segs,
+        query,
+        body,
+    };
+    respond(dispatch(state, &req).await)
+}
+
+pub(crate) async fn dispatch(state: &AdminState, req: &Req) -> Reply {
+    let segs: Vec<&str> = req.segs.iter().map(String::as_str).collect();
+    let get = req.method == "GET";
+    match segs.as_slice() {
+        ["plugins", "list"] if get => Reply::json(200, json!(state.plugins.names())),
+        ["plugins", name] | ["schema", "plugins", name] if get => plugin_schema(state, name),
+        ["schema", "validate", res] if req.method == "POST" => validate(state, req, res),
+        ["schema", res] if get => match schema::resource_schema(res) {
+            Some(s) => Reply::json(200, s),
+            None => Reply::error(400, format!("not found schema: {res}")),
+        },
+        ["status"] if get => history::status(state),
+        ["history", ..] => history::handle(state, req, &req.segs[1..]).await,
+        _ => {
+            let Some(t) = handlers::target(&req.segs) else {
+                let name = segs.first().copied().unwrap_or("");
+                return Reply::error(404, format!("Unsupported resource type: {name}"));
+            };
+            if state.config.standalone {
+                // As APISIX in yaml mode: resource URLs do not exist, the file is the configuration.
+                return Reply::error(404, "not found");
+            }
+            if !handlers::consumer_exists(state, &t) {
+                return Reply::error(404, "consumer not found");
+            }
+            handlers::resource(state, req, t).await
+        }
+    }
+}
+
+fn plugin_schema(state: &AdminState, name: &str) -> Reply {
+    match state.plugins.schema(name) {
+        Some(s) => Reply::json(200, s),
+        None => Reply::error(404, "plugin not found in subsystem http"),
+    }
+}
+
+/// `POST /apisix/admin/schema/validate/{resource}`: 200 with no body when valid, else 400 with the reason.
+fn validate(state: &AdminState, req: &Req, res: &str) -> Reply {
+    let Some(kind) = resources::find(res) else {
+        return Reply::error(404, format!("Unsupported resource type: {res}"));
+    };
+    let body = req.body.clone().unwrap_or(Value::Null);
+    if let Err(e) = schema::validate(&(kind.schema)(), &body) {
+        return Reply::error(400, e);
+    }
+    if let Some(p) = body.get("plugins").and_then(Value::as_object) {
+        if let Err(e) = resources::check_plugins(p, state.plugins.as_ref()) {
+            return Reply::error(400, e);
+        }
+    }
+    Reply::json(200, Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_decoding() {
+        let q = parse_query("api_key=a%2Fb&name=x+y&force");
+        assert_eq!(q[0], ("api_key".into(), "a/b".into()));
+        assert_eq!(q[1].1, "x y");
+        assert_eq!(q[2], ("force".into(), String::new()));
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+}

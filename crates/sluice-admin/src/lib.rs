@@ -1,0 +1,90 @@
+//! Sluice's Admin API, compatible with APISIX's Admin API v3: the same URLs, verbs, envelopes, status codes and
+//! `error_msg` texts, so APISIX users' scripts and tools work unchanged. It validates every write (JSON schema,
+//! references, plugin checks, and the data plane's own dry run) before committing it to the [`Store`], and serves
+//! reads from the store's in-memory snapshot. It never touches the data plane directly: the binary consumes the
+//! store's watch channel.
+//!
+//! Layout: `config` (node settings), `http` (hyper glue, auth), `handlers` (generic verbs), `resources`
+//! (declared resources), `patch` (PATCH semantics), `history` (revisions, diff, rollback, status).
+
+mod config;
+mod handlers;
+mod history;
+mod http;
+mod patch;
+mod resources;
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use sluice_model::Resources;
+use sluice_store::kv::Store;
+
+pub use config::{AdminConfig, AdminKey, Role, SAMPLE_KEYS};
+pub use http::serve;
+
+/// The plugins this build knows: the Admin API checks `plugins` objects through it and serves its schemas.
+pub trait PluginCatalog: Send + Sync {
+    /// Every plugin name, as `GET /apisix/admin/plugins/list` returns them.
+    fn names(&self) -> Vec<String>;
+    fn schema(&self, name: &str) -> Option<Value>;
+    /// The plugin's own check (schema plus cross-field rules), with APISIX's error text.
+    fn check(&self, name: &str, conf: &Value) -> Result<(), String>;
+}
+
+/// The data-plane compiler's dry run over a complete candidate configuration.
+pub type Checker = Arc<dyn Fn(&Resources) -> Result<(), String> + Send + Sync>;
+
+/// Everything the Admin API serves from.
+#[derive(Clone)]
+pub struct AdminState {
+    pub config: Arc<AdminConfig>,
+    pub store: Arc<dyn Store>,
+    pub checker: Checker,
+    pub plugins: Arc<dyn PluginCatalog>,
+    /// The revision the data plane has applied; `?wait=applied` waits on it.
+    pub applied: tokio::sync::watch::Receiver<u64>,
+    /// Serialises validate-then-commit so two writes never validate against the same old state.
+    write_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl AdminState {
+    pub fn new(
+        config: AdminConfig,
+        store: Arc<dyn Store>,
+        checker: Checker,
+        plugins: Arc<dyn PluginCatalog>,
+        applied: tokio::sync::watch::Receiver<u64>,
+    ) -> AdminState {
+        AdminState {
+            config: Arc::new(config),
+            store,
+            checker,
+            plugins,
+            applied,
+            write_lock: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+}
+
+/// A response: status plus JSON body (`Value::Null` = empty body; a string is sent as plain text).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Reply {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl Reply {
+    pub fn json(status: u16, body: Value) -> Reply {
+        Reply { status, body }
+    }
+    pub fn error(status: u16, msg: impl Into<String>) -> Reply {
+        Reply {
+            status,
+            body: json!({ "error_msg": msg.into() }),
+        }
+    }
+    pub fn not_found() -> Reply {
+        Reply::json(404, json!({"message": "Key not found"}))
+    }
+}
