@@ -47,6 +47,8 @@ struct Group {
     priority: i32,
     /// Node indices (into `Balancer::nodes`), all with weight > 0.
     members: Box<[u32]>,
+    /// `weights[k]` is the weight of `members[k]`, contiguous for least_conn's scan.
+    weights: Box<[u32]>,
     algo: Algo,
 }
 
@@ -94,7 +96,7 @@ impl Balancer {
         let mut groups = Vec::new();
         for chunk in order.chunk_by(|&a, &b| nodes[a].priority == nodes[b].priority) {
             let members: Box<[u32]> = chunk.iter().map(|&i| i as u32).collect();
-            let weights: Vec<u32> = chunk.iter().map(|&i| nodes[i].weight).collect();
+            let weights: Box<[u32]> = chunk.iter().map(|&i| nodes[i].weight).collect();
             let algo = match kind {
                 LbKind::RoundRobin => {
                     Algo::RoundRobin(roundrobin::Sequence::build(&members, &weights))
@@ -109,6 +111,7 @@ impl Balancer {
             groups.push(Group {
                 priority: nodes[chunk[0]].priority,
                 members,
+                weights,
                 algo,
             });
         }
@@ -236,6 +239,16 @@ impl Balancer {
     /// Call when the request to node `i` finished (or failed) after `elapsed` (connect +
     /// response time, APISIX's ewma rtt). Failures never lower a node's ewma.
     pub fn on_request_end(&self, node: usize, elapsed: Duration, ok: bool) {
+        self.end(node, elapsed, ok, None);
+    }
+
+    /// [`Balancer::on_request_end`] for callers that already hold the current time (saves the
+    /// ewma balancer a clock read).
+    pub fn on_request_end_at(&self, node: usize, elapsed: Duration, ok: bool, now: Instant) {
+        self.end(node, elapsed, ok, Some(now));
+    }
+
+    fn end(&self, node: usize, elapsed: Duration, ok: bool, now: Option<Instant>) {
         let Some(s) = self.stats.get(node) else {
             return;
         };
@@ -244,7 +257,12 @@ impl Balancer {
             .active
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| a.checked_sub(1));
         if self.kind == LbKind::Ewma {
-            ewma::record(s, elapsed, ok, self.now_ns());
+            let now_ns = match now {
+                Some(t) => u64::try_from(t.saturating_duration_since(self.epoch).as_nanos())
+                    .unwrap_or(u64::MAX),
+                None => self.now_ns(),
+            };
+            ewma::record(s, elapsed, ok, now_ns);
         }
     }
 
@@ -268,7 +286,7 @@ impl Balancer {
         match &g.algo {
             Algo::RoundRobin(seq) => seq.pick(f, open),
             Algo::Chash(ring) => ring.pick(key_hash, f, open),
-            Algo::LeastConn => least_conn::pick(&g.members, &self.nodes, &self.stats, f),
+            Algo::LeastConn => least_conn::pick(&g.members, &g.weights, &self.stats, f, open),
             Algo::Ewma => ewma::pick(&g.members, &self.stats, f, open),
         }
     }
@@ -313,6 +331,16 @@ impl Filter<'_> {
 thread_local! {
     /// xorshift64 state, seeded from std's per-process random keys.
     static RNG: Cell<u64> = Cell::new(std::collections::hash_map::RandomState::new().hash_one(0u64) | 1);
+}
+
+/// murmur3's 32-bit finaliser: a cheap per-pick pseudo-random order over node indices.
+#[inline]
+fn mix32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
 }
 
 /// A fast, non-cryptographic random number for tie-breaking and power-of-two choices.

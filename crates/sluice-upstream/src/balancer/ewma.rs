@@ -84,33 +84,59 @@ pub(super) fn pick(
     f: &Filter<'_>,
     open: bool,
 ) -> Option<usize> {
-    let eligible = if open {
-        members.len()
+    let n = members.len();
+    let (a, b) = if open {
+        if n < 2 {
+            return members.first().map(|&i| i as usize);
+        }
+        let a = rand_below(n);
+        let mut b = rand_below(n - 1);
+        if b >= a {
+            b += 1;
+        }
+        (members[a] as usize, members[b] as usize)
     } else {
-        members.iter().filter(|&&i| f.allows(i as usize)).count()
-    };
-    let nth = |r: usize| -> Option<usize> {
-        if open {
-            members.get(r).map(|&i| i as usize)
-        } else {
-            members
-                .iter()
-                .map(|&i| i as usize)
-                .filter(|&i| f.allows(i))
-                .nth(r)
+        match sample_pair(members, f) {
+            Ok(pair) => pair,
+            Err(single) => return single,
         }
     };
-    match eligible {
-        0 => None,
-        1 => nth(0),
-        n => {
-            let a = rand_below(n);
-            let mut b = rand_below(n - 1);
+    let (sa, sb) = (stats.get(a)?, stats.get(b)?);
+    Some(if slower(sa, sb) { b } else { a })
+}
+
+/// Draws attempts per candidate before falling back to an exact count of eligible members.
+const SAMPLE_TRIES: usize = 8;
+
+/// Two distinct, uniformly drawn eligible members: rejection sampling (O(1) while most members
+/// are eligible), then an exact O(n) fallback. `Err` carries the answer when fewer than two
+/// members are eligible.
+fn sample_pair(members: &[u32], f: &Filter<'_>) -> Result<(usize, usize), Option<usize>> {
+    let n = members.len();
+    let draw = |skip: Option<usize>| {
+        (0..SAMPLE_TRIES)
+            .map(|_| members[rand_below(n)] as usize)
+            .find(|&i| Some(i) != skip && f.allows(i))
+    };
+    if let Some(a) = draw(None) {
+        if let Some(b) = draw(Some(a)) {
+            return Ok((a, b));
+        }
+    }
+    let eligible = || members.iter().map(|&i| i as usize).filter(|&i| f.allows(i));
+    match eligible().count() {
+        0 => Err(None),
+        1 => Err(eligible().next()),
+        e => {
+            let a = rand_below(e);
+            let mut b = rand_below(e - 1);
             if b >= a {
                 b += 1;
             }
-            let (a, b) = (nth(a)?, nth(b)?);
-            Some(if slower(&stats[a], &stats[b]) { b } else { a })
+            match (eligible().nth(a), eligible().nth(b)) {
+                (Some(a), Some(b)) => Ok((a, b)),
+                _ => Err(None),
+            }
         }
     }
 }

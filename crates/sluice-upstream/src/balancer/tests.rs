@@ -560,3 +560,24 @@ fn inherit_state_keeps_health_and_ewma_by_addr() {
     );
     assert_eq!(new.ewma(2), Duration::ZERO);
 }
+
+#[test]
+fn request_end_at_uses_the_callers_clock() {
+    let b = Balancer::new(LbKind::Ewma, nodes(&[1, 1]));
+    let t0 = Instant::now();
+    b.on_request_start(0);
+    assert_eq!(b.active(0), 1);
+    b.on_request_end_at(0, Duration::from_millis(30), true, t0);
+    assert_eq!(b.active(0), 0);
+    // 10 s later by the caller's clock, a 130 ms sample moves the average by (1 - 1/e).
+    b.on_request_end_at(
+        0,
+        Duration::from_millis(130),
+        true,
+        t0 + Duration::from_secs(10),
+    );
+    let got = f64::from_bits(b.stats[0].ewma.load(Ordering::Relaxed));
+    let w = (-1f64).exp();
+    let expected = 0.030 * w + 0.130 * (1.0 - w);
+    assert!((got - expected).abs() < 1e-3, "{got} vs {expected}");
+}
