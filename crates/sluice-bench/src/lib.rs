@@ -129,6 +129,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         }
         return Ok(());
     }
+    // Collected before pinning: available_parallelism follows this process's affinity.
+    let environment = procinfo::Environment::collect();
     let n = procinfo::cores();
     let (def_gw, def_gen) = if n >= 2 {
         (Some(format!("{}", n - 1)), Some(format!("0-{}", n - 2)))
@@ -164,7 +166,6 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         peers: !args.no_peers,
         ready_timeout: args.ready_timeout,
     };
-    let environment = procinfo::Environment::collect();
     let mut progress =
         progress::Progress::new(selected.iter().map(|s| runner::steps(&ctx, s)).sum());
     let mut mock: Option<runner::Mock> = None;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 pub struct Proc {
     pub name: String,
     child: Child,
+    log: std::path::PathBuf,
 }
 
 impl Proc {
@@ -40,6 +41,7 @@ impl Proc {
         Ok(Proc {
             name: name.to_string(),
             child,
+            log: log.to_path_buf(),
         })
     }
 
@@ -50,7 +52,18 @@ impl Proc {
     /// `Some(reason)` once the process has exited.
     pub fn exited(&mut self) -> Option<String> {
         match self.child.try_wait() {
-            Ok(Some(st)) => Some(format!("{} exited ({st})", self.name)),
+            Ok(Some(st)) => {
+                // The last log line usually says why (unknown subcommand, bad config, port in use).
+                let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+                let last = text
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("")
+                    .trim();
+                let last: String = last.chars().take(160).collect();
+                Some(format!("{} exited ({st}): {last}", self.name))
+            }
             Ok(None) => None,
             Err(e) => Some(format!("{}: {e}", self.name)),
         }

@@ -231,7 +231,7 @@ impl Report {
             "p50 µs",
             "p99 µs",
             "max µs",
-            "cpu µs",
+            "cpu|Ir",
             "errors",
             "% base"
         );

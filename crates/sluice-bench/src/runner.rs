@@ -274,7 +274,7 @@ fn skip_reason(s: &Scenario, e: &ReadyError) -> String {
     match e {
         ReadyError::Status(404 | 500) if !s.plugins.names().is_empty() => {
             format!(
-                "plugin not available ({} answered {e})",
+                "plugin not available ({}: {e})",
                 s.plugins.names().join("+")
             )
         }
@@ -351,7 +351,7 @@ pub fn steps(ctx: &Ctx, s: &Scenario) -> usize {
     if s.callgrind {
         targets
     } else if s.compare_drivers {
-        2 * ctx.rounds
+        2 * targets * ctx.rounds
     } else {
         targets * ctx.rounds
     }
@@ -373,10 +373,10 @@ pub fn run_scenario(
         .filter(|t| ctx.peers || matches!(t, TargetKind::Direct | TargetKind::Sluice))
         .collect();
     let plan: Vec<(TargetKind, Driver)> = if s.compare_drivers {
-        vec![
-            (TargetKind::Direct, Driver::Builtin),
-            (TargetKind::Direct, Driver::Wrk),
-        ]
+        kinds
+            .iter()
+            .flat_map(|k| [(*k, Driver::Builtin), (*k, Driver::Wrk)])
+            .collect()
     } else {
         kinds.iter().map(|k| (*k, ctx.driver)).collect()
     };
@@ -442,23 +442,26 @@ pub fn run_scenario(
     }
     let mut notes = Vec::new();
     if s.compare_drivers {
-        let rps = |d: &str| {
-            results
-                .iter()
-                .find(|r| r.driver == d)
-                .and_then(|r| r.median.as_ref())
-                .map(|m| m.rps)
-        };
-        if let (Some(b), Some(w)) = (rps("builtin"), rps("wrk")) {
-            let diff = (b - w).abs() / w.max(1e-9) * 100.0;
-            notes.push(format!(
-                "builtin {b:.0} req/s vs wrk {w:.0} req/s: {diff:.1}% apart ({})",
-                if diff <= 10.0 {
-                    "agree within 10%"
-                } else {
-                    "DISAGREE by more than 10%"
-                }
-            ));
+        for k in &kinds {
+            let rps = |d: &str| {
+                results
+                    .iter()
+                    .find(|r| r.driver == d && r.target == k.name())
+                    .and_then(|r| r.median.as_ref())
+                    .map(|m| m.rps)
+            };
+            if let (Some(b), Some(w)) = (rps("builtin"), rps("wrk")) {
+                let diff = (b - w).abs() / w.max(1e-9) * 100.0;
+                notes.push(format!(
+                    "{}: builtin {b:.0} req/s vs wrk {w:.0} req/s: {diff:.1}% apart ({})",
+                    k.name(),
+                    if diff <= 10.0 {
+                        "agree within 10%"
+                    } else {
+                        "DISAGREE by more than 10%"
+                    }
+                ));
+            }
         }
     }
     finish(s, results, notes)

@@ -245,8 +245,8 @@ pub fn all(duration: Duration) -> Vec<Scenario> {
     let mut s = Scenario::base(
         "driver-agreement",
         "drivers",
-        "Direct to the mock with the built-in generator and with wrk: requests/s must agree within 10%.",
-        &[Direct],
+        "Each proxy with the built-in generator and with wrk: requests/s must agree within 10%.",
+        &[Sluice, Nginx],
         duration,
     );
     s.compare_drivers = true;

@@ -125,3 +125,20 @@ fn parses_heads() {
         .is_none());
     assert!(parse_head(b"garbage\r\n\r\n").is_err());
 }
+
+#[test]
+#[ignore = "needs wrk on PATH and an optimized build: cargo test --release -p sluice-bench -- --ignored"]
+fn builtin_and_wrk_agree() {
+    let addr = mock(NO_DELAY, 200);
+    let mut spec = LoadSpec::new(addr, "/", 32, Stop::Duration(Duration::from_secs(3)));
+    spec.warmup = Duration::from_millis(500);
+    let builtin = run_load(&spec).expect("run").rps();
+    let w = crate::drivers::wrk(addr, "/", &[], 1, 32, Duration::from_secs(3)).expect("wrk");
+    let wrk = w.requests as f64 / w.elapsed.as_secs_f64();
+    let diff = (builtin - wrk).abs() / wrk;
+    assert!(
+        diff <= 0.10,
+        "builtin {builtin:.0} req/s vs wrk {wrk:.0} req/s: {:.1}% apart",
+        diff * 100.0
+    );
+}

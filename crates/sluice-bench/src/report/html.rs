@@ -125,6 +125,7 @@ fn environment(h: &mut String, r: &Report) {
         ("wrk", opt(&e.wrk_version)),
         ("h2load", opt(&e.h2load_version)),
         ("valgrind", opt(&e.valgrind_version)),
+        ("load average at start", e.load_average.clone()),
         (
             "runs",
             format!(
