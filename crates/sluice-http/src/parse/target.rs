@@ -106,7 +106,7 @@ fn path_and_query(
 /// sent when the target URI has no authority).
 pub(crate) fn valid_host(value: &[u8], host_required: bool, port_required: bool) -> bool {
     let (host_ok, port) = if let Some(rest) = value.strip_prefix(b"[") {
-        let Some(close) = memchr::memchr(b']', rest) else {
+        let Some(close) = rest.iter().position(|&b| b == b']') else {
             return false;
         };
         let literal = &rest[..close];
@@ -120,14 +120,21 @@ pub(crate) fn valid_host(value: &[u8], host_required: bool, port_required: bool)
             _ => return false,
         }
     } else {
-        let (host, port) = match memchr::memchr(b':', value) {
-            Some(i) => (&value[..i], Some(&value[i + 1..])),
-            None => (value, None),
-        };
-        (
-            !(host_required && host.is_empty()) && host.iter().all(|&b| is_reg_name_byte(b)),
-            port,
-        )
+        // One pass: reg-name bytes up to the first ':' (hosts are short; a table beats memchr's call overhead).
+        let mut colon = None;
+        for (i, &b) in value.iter().enumerate() {
+            if b == b':' {
+                colon = Some(i);
+                break;
+            }
+            if !REG_NAME[usize::from(b)] {
+                return false;
+            }
+        }
+        match colon {
+            Some(i) => (!(host_required && i == 0), Some(&value[i + 1..])),
+            None => (!(host_required && value.is_empty()), None),
+        }
     };
     if !host_ok {
         return false;
@@ -140,24 +147,32 @@ pub(crate) fn valid_host(value: &[u8], host_required: bool, port_required: bool)
     }
 }
 
-fn is_reg_name_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric()
-        || matches!(
-            b,
-            b'-' | b'.'
-                | b'_'
-                | b'~'
-                | b'%'
-                | b'!'
-                | b'$'
-                | b'&'
-                | b'\''
-                | b'('
-                | b')'
-                | b'*'
-                | b'+'
-                | b','
-                | b';'
-                | b'='
-        )
-}
+/// reg-name bytes: unreserved / pct-encoded ('%') / sub-delims (RFC 3986 §3.2.2).
+static REG_NAME: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        t[i] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            );
+        i += 1;
+    }
+    t
+};

@@ -956,3 +956,31 @@ fn mutated_response_heads_parse_consistently() {
         }
     }
 }
+
+/// The word-wise compare used on hot-path names is exactly `eq_ignore_ascii_case` on every byte httparse accepts.
+#[test]
+fn eq_lower_matches_eq_ignore_ascii_case_on_accepted_bytes() {
+    use super::fields::eq_lower;
+    let accepted = (0u8..=255).filter(|&b| b == b'\t' || (0x20..=0x7e).contains(&b) || b >= 0x80);
+    let targets: Vec<u8> = (b'a'..=b'z').chain(b'0'..=b'9').chain([b'-']).collect();
+    for b in accepted {
+        for &t in &targets {
+            // Single bytes exercise the remainder path, 9-byte strings the 8-byte word path.
+            assert_eq!(
+                eq_lower(&[b], &[t]),
+                b.eq_ignore_ascii_case(&t),
+                "{b:#x} vs {t:#x}"
+            );
+            let x = [b; 9];
+            let y = [t; 9];
+            assert_eq!(
+                eq_lower(&x, &y),
+                x.eq_ignore_ascii_case(&y),
+                "{b:#x} vs {t:#x}"
+            );
+        }
+    }
+    assert!(eq_lower(b"Transfer-Encoding", b"transfer-encoding"));
+    assert!(!eq_lower(b"Transfer-Encodinf", b"transfer-encoding"));
+    assert!(!eq_lower(b"chunked", b"chunk"));
+}
