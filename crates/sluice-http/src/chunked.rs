@@ -2,7 +2,8 @@
 //!
 //! It owns chunk framing only: sizes, extensions (validated, bounded, then dropped), the CRLF after each chunk and
 //! the trailer section (validated and returned raw). Data chunks are zero-copy splits of the caller's buffer. It
-//! does not interpret extensions or trailer fields, and does not decompress anything.
+//! does not interpret extensions or trailer fields, and does not decompress anything. The state table is in
+//! `chunked/LIFECYCLE.md` (update it with the code).
 
 #[cfg(test)]
 mod tests;

@@ -14,6 +14,7 @@
 
 mod chunked;
 pub mod date;
+mod encode;
 mod error;
 mod head;
 mod hop;
@@ -23,6 +24,7 @@ mod status;
 pub use chunked::{
     encode_chunk_header, Chunk, ChunkedDecoder, CHUNK_EXT_LIMIT, LAST_CHUNK, TRAILER_LIMIT,
 };
+pub use encode::{write_content_length, write_header, write_status_line};
 pub use error::ParseError;
 pub use head::{RequestHead, ResponseHead};
 pub use hop::{connection_tokens, is_hop_by_hop, ConnectionTokens};
@@ -47,6 +49,7 @@ pub struct Limits {
     /// More header field lines than this -> 431.
     pub max_headers: usize,
     /// A head (start line through the final CRLFCRLF, including ignored leading CRLFs) longer than this -> 431.
+    /// Spans are `u32`, so values above `u32::MAX` act as `u32::MAX`.
     pub max_head_bytes: usize,
     /// A request-target longer than this -> 414.
     pub max_uri_bytes: usize,

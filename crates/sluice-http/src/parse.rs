@@ -58,7 +58,7 @@ pub fn parse_request(
     if target.len() > limits.max_uri_bytes {
         return Err(ParseError::UriTooLong);
     }
-    if lead + n > limits.max_head_bytes {
+    if lead + n > max_head(limits) {
         return Err(ParseError::HeadTooLarge);
     }
     let version = if minor == 0 {
@@ -150,7 +150,7 @@ pub fn parse_response(
     let (Some(status), Some(minor)) = (res.code, res.version) else {
         return Err(ParseError::InvalidStatus);
     };
-    if lead + n > limits.max_head_bytes {
+    if lead + n > max_head(limits) {
         return Err(ParseError::HeadTooLarge);
     }
     if !(100..=599).contains(&status) {
@@ -236,8 +236,13 @@ fn check_partial_request(head: &[u8], limits: &Limits) -> Result<(), ParseError>
     Ok(())
 }
 
+/// Spans are u32: never accept a head they cannot index.
+fn max_head(limits: &Limits) -> usize {
+    limits.max_head_bytes.min(u32::MAX as usize)
+}
+
 fn check_partial_size(buffered: usize, limits: &Limits) -> Result<(), ParseError> {
-    if buffered > limits.max_head_bytes {
+    if buffered > max_head(limits) {
         return Err(ParseError::HeadTooLarge);
     }
     Ok(())

@@ -984,3 +984,11 @@ fn eq_lower_matches_eq_ignore_ascii_case_on_accepted_bytes() {
     assert!(!eq_lower(b"Transfer-Encodinf", b"transfer-encoding"));
     assert!(!eq_lower(b"chunked", b"chunk"));
 }
+
+#[test]
+fn response_leading_empty_lines_and_spans() {
+    let h = ok_res(b"\r\nHTTP/1.1 201 Created\r\nLocation: /x\r\nContent-Length: 0\r\n\r\n");
+    assert!(h.buf.starts_with(b"HTTP/1.1 201"));
+    assert_eq!((h.status, h.reason_str()), (201, "Created"));
+    assert_eq!(h.header("location"), Some(&b"/x"[..]));
+}
