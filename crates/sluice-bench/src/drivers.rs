@@ -160,7 +160,7 @@ fn parse_size(s: &str) -> Option<u64> {
     Some((num.parse::<f64>().ok()? * mul as f64) as u64)
 }
 
-/// Runs `h2load --h1 -c C -t T -D secs` against `addr` + `path`.
+/// Runs `h2load [--h1] -c C -t T -D secs` against `addr` + `path` (h2c prior knowledge without `--h1`).
 pub fn h2load(
     addr: SocketAddr,
     path: &str,
@@ -168,10 +168,13 @@ pub fn h2load(
     threads: usize,
     conns: usize,
     duration: Duration,
+    h2c: bool,
 ) -> Result<Measured, String> {
     let mut cmd = Command::new("h2load");
-    cmd.arg("--h1")
-        .arg("-c")
+    if !h2c {
+        cmd.arg("--h1");
+    }
+    cmd.arg("-c")
         .arg(conns.max(1).to_string())
         .arg("-t")
         .arg(threads.clamp(1, conns.max(1)).to_string())

@@ -108,18 +108,27 @@ pub fn nginx_conf(
     workers: usize,
     keepalive: usize,
     master: bool,
+    h2c: bool,
 ) -> String {
     let d = dir.display();
     format!(
-        "worker_processes {workers};\ndaemon off;\nmaster_process {};\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log warn;\nworker_rlimit_nofile 16384;\nevents {{ worker_connections 8192; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/tmp-body;\n  proxy_temp_path {d}/tmp-proxy;\n  fastcgi_temp_path {d}/tmp-fcgi;\n  uwsgi_temp_path {d}/tmp-uwsgi;\n  scgi_temp_path {d}/tmp-scgi;\n  keepalive_requests 1000000;\n  upstream backend {{\n    server {upstream};\n    keepalive {keepalive};\n    keepalive_requests 1000000;\n  }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://backend;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n",
-        if master { "on" } else { "off" }
+        "worker_processes {workers};\ndaemon off;\nmaster_process {};\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log warn;\nworker_rlimit_nofile 16384;\nevents {{ worker_connections 8192; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/tmp-body;\n  proxy_temp_path {d}/tmp-proxy;\n  fastcgi_temp_path {d}/tmp-fcgi;\n  uwsgi_temp_path {d}/tmp-uwsgi;\n  scgi_temp_path {d}/tmp-scgi;\n  keepalive_requests 1000000;\n  upstream backend {{\n    server {upstream};\n    keepalive {keepalive};\n    keepalive_requests 1000000;\n  }}\n  server {{\n    listen 127.0.0.1:{port}{};\n    location / {{\n      proxy_pass http://backend;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n",
+        if master { "on" } else { "off" },
+        if h2c { " http2" } else { "" }
     )
 }
 
 /// HAProxy as a plain proxy: same thread count, idle server connections kept and reused.
-pub fn haproxy_conf(port: u16, upstream: SocketAddr, threads: usize, keepalive: usize) -> String {
+pub fn haproxy_conf(
+    port: u16,
+    upstream: SocketAddr,
+    threads: usize,
+    keepalive: usize,
+    h2c: bool,
+) -> String {
+    let proto = if h2c { " proto h2" } else { "" };
     format!(
-        "global\n  nbthread {threads}\n  maxconn 8000\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n  http-reuse always\nfrontend fe\n  bind 127.0.0.1:{port}\n  default_backend be\nbackend be\n  server s1 {upstream} pool-max-conn {keepalive}\n"
+        "global\n  nbthread {threads}\n  maxconn 8000\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n  http-reuse always\nfrontend fe\n  bind 127.0.0.1:{port}{proto}\n  default_backend be\nbackend be\n  server s1 {upstream} pool-max-conn {keepalive}\n"
     )
 }
 
@@ -164,13 +173,13 @@ mod tests {
     #[test]
     fn peer_configs() {
         let up: SocketAddr = "127.0.0.1:1980".parse().expect("addr");
-        let n = nginx_conf(Path::new("/tmp/x"), 9000, up, 1, 256, true);
+        let n = nginx_conf(Path::new("/tmp/x"), 9000, up, 1, 256, true, false);
         assert!(
             n.contains("keepalive 256;")
                 && n.contains("access_log off;")
                 && n.contains("worker_processes 1;")
         );
-        let h = haproxy_conf(9001, up, 2, 256);
+        let h = haproxy_conf(9001, up, 2, 256, false);
         assert!(
             h.contains("nbthread 2")
                 && h.contains("pool-max-conn 256")

@@ -42,7 +42,7 @@ pub struct BenchArgs {
     /// Output directory for report.json, report.html and logs.
     #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
-    /// Measured time per run (default 4s for the short matrix, 10s with --full).
+    /// Measured time per run (default 3s for the short matrix, 10s with --full).
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Warm-up before each measured run (not counted).
@@ -93,6 +93,10 @@ pub struct BenchArgs {
     /// Do not run nginx / HAProxy side by side even when installed.
     #[arg(long)]
     pub no_peers: bool,
+    /// Speak h2c (HTTP/2 prior knowledge) from the generator to every target (nginx and HAProxy
+    /// listen with h2c too; the gateway must support it).
+    #[arg(long)]
+    pub h2c: bool,
 }
 
 fn pin_choice(given: &Option<String>, default: Option<String>, no_pin: bool) -> Option<String> {
@@ -112,7 +116,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let duration = args.duration.unwrap_or(if args.full {
         Duration::from_secs(10)
     } else {
-        Duration::from_secs(4)
+        Duration::from_secs(3)
     });
     let mut selected = scenario::select(&args.scenarios, args.full, duration)?;
     if args.callgrind && !selected.iter().any(|s| s.callgrind) {
@@ -165,6 +169,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         pin_mock: pin_mock.clone(),
         peers: !args.no_peers,
         ready_timeout: args.ready_timeout,
+        h2c: args.h2c,
     };
     let mut progress =
         progress::Progress::new(selected.iter().map(|s| runner::steps(&ctx, s)).sum());
@@ -212,6 +217,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             pin_generator,
             pin_mock,
             sluice_bin: ctx.sluice_bin.display().to_string(),
+            h2c: ctx.h2c,
         },
         scenarios: reports,
     };

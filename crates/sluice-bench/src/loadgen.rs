@@ -3,7 +3,8 @@
 //! absolute schedule; latency is measured from the scheduled send time whenever the target made
 //! the connection fall behind, as wrk2 does, so coordinated omission does not hide stalls).
 //! One current-thread runtime per generator thread; per-thread histograms merged at the end.
-//! It does not speak h2c or TLS, and it does not know what it is measuring (see `runner`).
+//! HTTP/2 cleartext (prior knowledge, one stream at a time per connection) with `h2c`. It does not
+//! speak TLS, and it does not know what it is measuring (see `runner`).
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -43,6 +44,8 @@ pub struct LoadSpec {
     /// Per-request (and per-connect) timeout.
     pub timeout: Duration,
     pub warmup: Duration,
+    /// Speak HTTP/2 over cleartext (prior knowledge), one stream at a time per connection.
+    pub h2c: bool,
 }
 
 impl LoadSpec {
@@ -59,6 +62,7 @@ impl LoadSpec {
             rate: None,
             timeout: Duration::from_secs(5),
             warmup: Duration::ZERO,
+            h2c: false,
         }
     }
 
@@ -281,14 +285,8 @@ async fn conn_task(
         }
         let c = match conn.as_mut() {
             Some(c) => c,
-            None => match tokio::time::timeout(spec.timeout, TcpStream::connect(spec.addr)).await {
-                Ok(Ok(s)) => {
-                    let _ = s.set_nodelay(true);
-                    conn.insert(Conn {
-                        stream: s,
-                        buf: Vec::with_capacity(16 * 1024),
-                    })
-                }
+            None => match tokio::time::timeout(spec.timeout, Conn::open(&spec)).await {
+                Ok(Ok(c)) => conn.insert(c),
                 _ => {
                     let t = scheduled.unwrap_or(now);
                     if t >= win.measure_from && before_end(t) {
@@ -302,7 +300,7 @@ async fn conn_task(
         };
         let sent = Instant::now();
         let base = scheduled.unwrap_or(sent);
-        let res = tokio::time::timeout(spec.timeout, c.exchange(&req)).await;
+        let res = tokio::time::timeout(spec.timeout, c.exchange(&req, &spec.headers)).await;
         let done = Instant::now();
         if matches!(spec.stop, Stop::Requests(_)) {
             let ns = (done - win.t0).as_nanos() as u64;
@@ -340,9 +338,20 @@ async fn conn_task(
     }
 }
 
-struct Conn {
+/// One client connection of either protocol.
+enum Conn {
+    H1(H1Conn),
+    H2(H2Conn),
+}
+
+struct H1Conn {
     stream: TcpStream,
     buf: Vec<u8>,
+}
+
+struct H2Conn {
+    send: h2::client::SendRequest<bytes::Bytes>,
+    uri: http::Uri,
 }
 
 /// One parsed answer.
@@ -358,7 +367,81 @@ enum Body {
     UntilClose,
 }
 
+// === impl Conn ===
+
 impl Conn {
+    async fn open(spec: &LoadSpec) -> std::io::Result<Conn> {
+        let s = TcpStream::connect(spec.addr).await?;
+        let _ = s.set_nodelay(true);
+        if !spec.h2c {
+            return Ok(Conn::H1(H1Conn {
+                stream: s,
+                buf: Vec::with_capacity(16 * 1024),
+            }));
+        }
+        let (send, driver) = h2::client::handshake(s)
+            .await
+            .map_err(std::io::Error::other)?;
+        tokio::task::spawn_local(async move {
+            let _ = driver.await;
+        });
+        let uri = format!("http://{}{}", spec.host, spec.path)
+            .parse()
+            .map_err(std::io::Error::other)?;
+        Ok(Conn::H2(H2Conn { send, uri }))
+    }
+
+    async fn exchange(
+        &mut self,
+        req: &[u8],
+        headers: &[(String, String)],
+    ) -> std::io::Result<Answer> {
+        match self {
+            Conn::H1(c) => c.exchange(req).await,
+            Conn::H2(c) => c.exchange(headers).await,
+        }
+    }
+}
+
+// === impl H2Conn ===
+
+impl H2Conn {
+    /// One request on a new stream; bytes counted are the response body's.
+    async fn exchange(&mut self, headers: &[(String, String)]) -> std::io::Result<Answer> {
+        let mut b = http::Request::get(self.uri.clone());
+        for (k, v) in headers {
+            b = b.header(k.as_str(), v.as_str());
+        }
+        let req = b.body(()).map_err(std::io::Error::other)?;
+        let mut send = self
+            .send
+            .clone()
+            .ready()
+            .await
+            .map_err(std::io::Error::other)?;
+        let (resp, _) = send
+            .send_request(req, true)
+            .map_err(std::io::Error::other)?;
+        let resp = resp.await.map_err(std::io::Error::other)?;
+        let status = resp.status().as_u16();
+        let mut body = resp.into_body();
+        let mut bytes = 0;
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.map_err(std::io::Error::other)?;
+            bytes += chunk.len();
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+        Ok(Answer {
+            status,
+            bytes,
+            close: false,
+        })
+    }
+}
+
+// === impl H1Conn ===
+
+impl H1Conn {
     async fn exchange(&mut self, req: &[u8]) -> std::io::Result<Answer> {
         self.stream.write_all(req).await?;
         let mut head: Option<(usize, u16, Body, bool)> = None;

@@ -132,6 +132,43 @@ pub fn probe(addr: SocketAddr, path: &str, headers: &[(String, String)]) -> Resu
         .ok_or_else(|| format!("bad status line from {addr}"))
 }
 
+/// One h2c (prior knowledge) `GET`; returns the status code.
+pub fn probe_h2c(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<u16, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let fut = async {
+            let tcp = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("connect {addr}: {e}"))?;
+            let (send, conn) = h2::client::handshake(tcp)
+                .await
+                .map_err(|e| format!("h2c handshake: {e}"))?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            let mut b = http::Request::get(format!("http://{addr}{path}"));
+            for (k, v) in headers {
+                b = b.header(k.as_str(), v.as_str());
+            }
+            let req = b.body(()).map_err(|e| e.to_string())?;
+            let mut send = send.ready().await.map_err(|e| e.to_string())?;
+            let (resp, _) = send.send_request(req, true).map_err(|e| e.to_string())?;
+            let resp = resp.await.map_err(|e| e.to_string())?;
+            Ok::<u16, String>(resp.status().as_u16())
+        };
+        tokio::time::timeout(Duration::from_secs(3), fut)
+            .await
+            .map_err(|_| "h2c probe timed out".to_string())?
+    })
+}
+
 /// Polls `path` until it answers 200, the process exits, or `limit` passes. Err carries the last
 /// status or error seen.
 pub fn wait_ready(
@@ -140,6 +177,7 @@ pub fn wait_ready(
     headers: &[(String, String)],
     mut proc: Option<&mut Proc>,
     limit: Duration,
+    h2c: bool,
 ) -> Result<(), ReadyError> {
     let deadline = Instant::now() + limit;
     loop {
@@ -148,7 +186,12 @@ pub fn wait_ready(
                 return Err(ReadyError::Exited(why));
             }
         }
-        let last = match probe(addr, path, headers) {
+        let answer = if h2c {
+            probe_h2c(addr, path, headers)
+        } else {
+            probe(addr, path, headers)
+        };
+        let last = match answer {
             Ok(200) => return Ok(()),
             Ok(code) => ReadyError::Status(code),
             Err(e) => ReadyError::Error(e),
@@ -194,12 +237,30 @@ mod tests {
         let addr = crate::loadgen::tests::mock(sluice_mock::Delay::Fixed(Duration::ZERO), 200);
         assert_eq!(probe(addr, "/status/404", &[]), Ok(404));
         assert_eq!(
-            wait_ready(addr, "/", &[], None, Duration::from_secs(2)),
+            wait_ready(addr, "/", &[], None, Duration::from_secs(2), false),
             Ok(())
         );
         assert_eq!(
-            wait_ready(addr, "/status/500", &[], None, Duration::from_millis(200)),
+            wait_ready(
+                addr,
+                "/status/500",
+                &[],
+                None,
+                Duration::from_millis(200),
+                false
+            ),
             Err(ReadyError::Status(500))
+        );
+    }
+
+    #[test]
+    fn h2c_probe_against_the_mock() {
+        let addr = crate::loadgen::tests::mock(sluice_mock::Delay::Fixed(Duration::ZERO), 200);
+        assert_eq!(probe_h2c(addr, "/", &[]), Ok(200));
+        assert_eq!(probe_h2c(addr, "/status/404", &[]), Ok(404));
+        assert_eq!(
+            wait_ready(addr, "/", &[], None, Duration::from_secs(2), true),
+            Ok(())
         );
     }
 
@@ -220,6 +281,7 @@ mod tests {
             &[],
             Some(&mut q),
             Duration::from_secs(3),
+            false,
         );
         assert!(matches!(r, Err(ReadyError::Exited(_))), "{r:?}");
         let _ = std::fs::remove_file(log);

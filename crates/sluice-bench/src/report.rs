@@ -144,6 +144,8 @@ pub struct Settings {
     pub pin_generator: Option<String>,
     pub pin_mock: Option<String>,
     pub sluice_bin: String,
+    /// Generator spoke h2c instead of HTTP/1.1.
+    pub h2c: bool,
 }
 
 /// The whole report (DIR/report.json).

@@ -37,6 +37,7 @@ pub struct Ctx {
     pub pin_mock: Option<String>,
     pub peers: bool,
     pub ready_timeout: Duration,
+    pub h2c: bool,
 }
 
 /// The running mock (or a given upstream address).
@@ -82,7 +83,7 @@ impl Mock {
             ctx.pin_mock.as_deref(),
             &ctx.work.join("mock.log"),
         )?;
-        wait_ready(addr, "/", &[], Some(&mut p), Duration::from_secs(10))
+        wait_ready(addr, "/", &[], Some(&mut p), Duration::from_secs(10), false)
             .map_err(|e| format!("mock not ready: {e}"))?;
         Ok(Mock {
             proc: Some(p),
@@ -166,7 +167,8 @@ pub fn start_target(
         TargetKind::Sluice => {
             if let Some(addr) = ctx.gateway {
                 // A gateway the user runs: configured by them, measured without CPU figures.
-                wait_ready(addr, PATH, &headers, None, limit).map_err(|e| skip_reason(s, &e))?;
+                wait_ready(addr, PATH, &headers, None, limit, ctx.h2c)
+                    .map_err(|e| skip_reason(s, &e))?;
                 return Ok(Running {
                     kind,
                     addr,
@@ -187,7 +189,7 @@ pub fn start_target(
             ]);
             let mut p = Proc::spawn("sluice", &argv, pin.as_deref(), &dir.join("sluice.log"))?;
             let limit = if s.routes >= 10_000 { limit * 4 } else { limit };
-            wait_ready(addr, PATH, &headers, Some(&mut p), limit)
+            wait_ready(addr, PATH, &headers, Some(&mut p), limit, ctx.h2c)
                 .map_err(|e| skip_reason(s, &e))?;
             Ok(Running {
                 kind,
@@ -216,6 +218,7 @@ pub fn start_target(
                     workers,
                     keepalive,
                     valgrind.is_none(),
+                    ctx.h2c,
                 );
                 gateway::write(&dir, "nginx.conf", &conf)?;
                 vec![
@@ -229,7 +232,7 @@ pub fn start_target(
                 gateway::write(
                     &dir,
                     "haproxy.cfg",
-                    &gateway::haproxy_conf(port, upstream, workers, keepalive),
+                    &gateway::haproxy_conf(port, upstream, workers, keepalive, ctx.h2c),
                 )?;
                 vec![
                     "haproxy".into(),
@@ -244,7 +247,7 @@ pub fn start_target(
                 pin.as_deref(),
                 &dir.join(format!("{prog}.log")),
             )?;
-            wait_ready(addr, PATH, &[], Some(&mut p), limit)
+            wait_ready(addr, PATH, &[], Some(&mut p), limit, ctx.h2c)
                 .map_err(|e| format!("{prog} not ready: {e}"))?;
             Ok(Running {
                 kind,
@@ -290,6 +293,7 @@ pub fn measure(ctx: &Ctx, s: &Scenario, t: &Running, driver: Driver) -> Result<R
     spec.threads = ctx.gen_threads;
     spec.rate = s.rate;
     spec.timeout = ctx.timeout;
+    spec.h2c = ctx.h2c;
     if !ctx.warmup.is_zero() {
         let mut w = spec.clone();
         w.stop = Stop::Duration(ctx.warmup);
@@ -305,7 +309,15 @@ pub fn measure(ctx: &Ctx, s: &Scenario, t: &Running, driver: Driver) -> Result<R
             (m.requests, m.elapsed, m.bytes, m.latency, m.errors)
         }
         (Driver::H2load, Stop::Duration(d)) if external => {
-            let m = drivers::h2load(t.addr, PATH, &headers, ctx.gen_threads, s.concurrency, d)?;
+            let m = drivers::h2load(
+                t.addr,
+                PATH,
+                &headers,
+                ctx.gen_threads,
+                s.concurrency,
+                d,
+                ctx.h2c,
+            )?;
             (m.requests, m.elapsed, m.bytes, m.latency, m.errors)
         }
         _ => {

@@ -1,7 +1,8 @@
 //! One HTTP/1.1 connection of the mock upstream: parses pipelined requests in place, skips their
 //! bodies (Content-Length or chunked), and answers each with the prebuilt response after the
 //! configured delay. It deliberately does not validate much: it exists to be cheap, not strict.
-//! `/status/NNN` answers with status NNN (used by tests and error-counting benchmarks).
+//! `/status/NNN` answers with status NNN (used by tests and error-counting benchmarks). A connection
+//! opening with the HTTP/2 preface is handed to `h2c`.
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::delay::XorShift;
+use crate::h2c::PREFACE;
 use crate::MockConfig;
 
 /// Upper bound on a request head; larger ones close the connection.
@@ -35,11 +37,25 @@ pub(crate) async fn handle(mut stream: TcpStream, cfg: Arc<MockConfig>, seed: u6
     let mut wbuf: Vec<u8> = Vec::with_capacity(cfg.response.len() * 2);
     // Bytes of a request body still to skip, carried across reads.
     let mut skip: usize = 0;
-    loop {
+    // Sniff the first bytes: the HTTP/2 preface switches the connection to h2c.
+    while rbuf.len() < PREFACE.len() && PREFACE.starts_with(&rbuf) {
         match stream.read_buf(&mut rbuf).await {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
+    }
+    if rbuf.starts_with(PREFACE) {
+        return crate::h2c::serve(stream, rbuf.freeze(), cfg, seed).await;
+    }
+    let mut first = true;
+    loop {
+        if !first {
+            match stream.read_buf(&mut rbuf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+        first = false;
         let mut close = false;
         loop {
             if skip > 0 {

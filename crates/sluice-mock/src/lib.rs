@@ -1,9 +1,11 @@
 //! `sluice mock`: the upstream used by `sluice bench` and by integration tests. It answers every
 //! HTTP/1.1 request with a fixed body after a configurable delay, with keep-alive and pipelining,
 //! on N threads (one current-thread tokio runtime per thread, SO_REUSEPORT listeners) so that it is
-//! never the bottleneck. It deliberately has no routing beyond `/status/NNN`, no TLS and no h2c.
+//! never the bottleneck. HTTP/2 cleartext (prior knowledge) is served too, detected by its preface.
+//! It deliberately has no routing beyond `/status/NNN` and no TLS.
 
 mod conn;
+mod h2c;
 pub use conn::chunked_len;
 pub mod delay;
 

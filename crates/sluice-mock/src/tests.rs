@@ -130,3 +130,33 @@ fn chunked_length() {
     assert_eq!(conn::chunked_len(b"5\r\nhel"), None);
     assert_eq!(conn::chunked_len(b"zz\r\n"), Some(Err(())));
 }
+
+#[tokio::test]
+async fn serves_h2c_with_prior_knowledge() {
+    let addr = start(MockConfig::new(100, Delay::Fixed(Duration::ZERO), 200)).await;
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (client, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    for (path, want) in [("/", 200u16), ("/status/503", 503), ("/again", 200)] {
+        let mut client = client.clone().ready().await.expect("ready");
+        let req = http::Request::get(format!("http://{addr}{path}"))
+            .body(())
+            .expect("request");
+        let (resp, _) = client.send_request(req, true).expect("send");
+        let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+            .await
+            .expect("timeout")
+            .expect("response");
+        assert_eq!(resp.status().as_u16(), want);
+        let mut body = resp.into_body();
+        let mut n = 0;
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.expect("data");
+            n += chunk.len();
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+        assert_eq!(n, 100);
+    }
+}

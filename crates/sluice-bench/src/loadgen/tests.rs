@@ -142,3 +142,18 @@ fn builtin_and_wrk_agree() {
         diff * 100.0
     );
 }
+
+#[test]
+fn h2c_requests_and_status_counting() {
+    let addr = mock(NO_DELAY, 200);
+    let mut spec = LoadSpec::new(addr, "/", 4, Stop::Requests(400));
+    spec.h2c = true;
+    let r = run_load(&spec).expect("run");
+    assert_eq!(r.requests, 400);
+    assert_eq!(r.errors, Errors::default());
+    assert_eq!(r.bytes, 400 * 1024, "h2c counts body bytes");
+    spec.path = "/status/500".into();
+    spec.stop = Stop::Requests(50);
+    let r = run_load(&spec).expect("run");
+    assert_eq!((r.requests, r.errors.non_2xx), (50, 50));
+}

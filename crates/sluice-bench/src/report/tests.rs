@@ -74,6 +74,7 @@ fn report() -> Report {
             pin_generator: None,
             pin_mock: None,
             sluice_bin: "sluice".into(),
+            h2c: false,
         },
         scenarios: vec![
             mk(
