@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use bytes::{BufMut, BytesMut};
 use sluice_http::{parse_request, parse_response, BodyKind, RequestHead, ResponseHead};
+use sluice_plugins::{Chain, Ctx, Flow, LogInfo, ReqView, RespEdits, Response};
 use sluice_router::{MatchRequest, Params};
 use sluice_upstream::{FailureKind, Tried};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -23,7 +24,6 @@ use crate::forward::{self, ForwardInfo, OutFraming};
 use crate::pool::Checkout;
 use crate::server::Worker;
 use crate::snapshot::{CompiledRoute, HashOn, Snapshot, UpstreamRt};
-use crate::view::ReqView;
 
 const BUF_SIZE: usize = 8 * 1024;
 
@@ -51,6 +51,15 @@ enum Stage {
     Sent { stale: bool },
     /// The client already has part of the response: the only way out is closing the connection.
     Responding,
+}
+
+/// A request that was proxied to the end.
+struct Done {
+    keep: bool,
+    status: u16,
+    request_body: u64,
+    response_bytes: u64,
+    upstream_latency: std::time::Duration,
 }
 
 struct Failure {
@@ -193,6 +202,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     .await;
             }
         }
+        let chains: [Option<&Chain>; 2] = [snap.global.as_deref(), route.plugins.as_deref()];
+        let mut pctx = if chains.iter().any(Option::is_some) {
+            Some(Ctx::new(&view, &route.id))
+        } else {
+            None
+        };
+        let req_start = Instant::now();
+        if let Some(ctx) = pctx.as_mut() {
+            for chain in chains.iter().flatten() {
+                if let Flow::Respond(r) = chain.run_request(ctx) {
+                    return self.respond_plugin(&head, r, ctx, &chains, req_start).await;
+                }
+            }
+        }
         let hash_key = hash_key(up, &view);
         let host = view.host.as_deref();
 
@@ -216,12 +239,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             up.balancer.on_request_start(node_idx);
             let t0 = Instant::now();
             let res = self
-                .attempt(&head, host, route, node_idx, &mut body_consumed)
+                .attempt(
+                    &head,
+                    host,
+                    route,
+                    node_idx,
+                    &mut body_consumed,
+                    pctx.as_mut(),
+                    &chains,
+                )
                 .await;
             up.balancer
                 .on_request_end(node_idx, t0.elapsed(), res.is_ok());
             let f = match res {
-                Ok(keep) => return Ok(keep),
+                Ok(done) => {
+                    if let Some(ctx) = pctx.as_ref() {
+                        let info = LogInfo {
+                            status: done.status,
+                            request_bytes: head.buf.len() as u64 + done.request_body,
+                            response_bytes: done.response_bytes,
+                            latency: req_start.elapsed(),
+                            upstream_latency: Some(done.upstream_latency),
+                            upstream_addr: Some(up.nodes[node_idx].addr),
+                        };
+                        for chain in chains.iter().flatten() {
+                            chain.log(ctx, &info);
+                        }
+                    }
+                    return Ok(done.keep);
+                }
                 Err(f) => f,
             };
             if f.err.side == Side::Upstream {
@@ -267,6 +313,67 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
     }
 
+    /// Writes a plugin's own response (after header_filter) and runs the log phase.
+    async fn respond_plugin(
+        &mut self,
+        head: &RequestHead,
+        mut r: Response,
+        ctx: &mut Ctx<'_>,
+        chains: &[Option<&Chain>; 2],
+        started: Instant,
+    ) -> Result<bool, Error> {
+        for chain in chains.iter().flatten() {
+            chain.header_filter(ctx, r.status);
+        }
+        let keep = head.keep_alive && head.body == BodyKind::Empty && !*self.shutdown.borrow();
+        self.out.clear();
+        let mut n = forward::itoa_buf();
+        self.out.put_slice(b"HTTP/1.1 ");
+        self.out.put_slice(forward::fmt_u16(r.status, &mut n));
+        self.out.put_u8(b' ');
+        self.out
+            .put_slice(sluice_http::status_reason(r.status).as_bytes());
+        self.out.put_slice(b"\r\nServer: sluice\r\nDate: ");
+        self.out.put_slice(&sluice_http::date::now());
+        self.out.put_slice(b"\r\n");
+        r.headers.retain(|(name, _)| !ctx.resp.drops(name));
+        for (name, value) in r
+            .headers
+            .iter()
+            .chain(&ctx.resp.set_headers)
+            .chain(&ctx.resp.add_headers)
+        {
+            forward::put_header(&mut self.out, name, value);
+        }
+        self.out.put_slice(b"Content-Length: ");
+        self.out
+            .put_slice(forward::fmt_u64(r.body.len() as u64, &mut n));
+        self.out.put_slice(if keep {
+            &b"\r\n\r\n"[..]
+        } else {
+            &b"\r\nConnection: close\r\n\r\n"[..]
+        });
+        if head.method_str() != "HEAD" {
+            self.out.put_slice(&r.body);
+        }
+        let sent = self.out.len() as u64;
+        let w = self.io.write_all(&self.out).await;
+        self.out.clear();
+        w.map_err(|e| Error::downstream(Kind::ClientClosed, e.to_string()))?;
+        let info = LogInfo {
+            status: r.status,
+            request_bytes: head.buf.len() as u64,
+            response_bytes: sent,
+            latency: started.elapsed(),
+            upstream_latency: None,
+            upstream_addr: None,
+        };
+        for chain in chains.iter().flatten() {
+            chain.log(ctx, &info);
+        }
+        Ok(keep)
+    }
+
     /// Answers without contacting an upstream. An unread request body means the connection must close.
     async fn refuse(&mut self, head: &RequestHead, err: &Error) -> Result<bool, Error> {
         let keep = head.keep_alive && head.body == BodyKind::Empty;
@@ -285,7 +392,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         route: &CompiledRoute,
         node_idx: usize,
         body_consumed: &mut bool,
-    ) -> Result<bool, Failure> {
+        mut pctx: Option<&mut Ctx<'_>>,
+        chains: &[Option<&Chain>; 2],
+    ) -> Result<Done, Failure> {
         let up: &UpstreamRt = &route.upstream;
         let node = &up.nodes[node_idx];
         let t = route.timeouts;
@@ -294,6 +403,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             stage,
             body_consumed: consumed,
         };
+        let t_up = Instant::now();
         let mut c: Checkout = self
             .w
             .pool
@@ -317,6 +427,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 scheme: self.scheme.as_bytes(),
                 host,
             },
+            pctx.as_deref().map(|c| &c.edits),
             &mut self.out,
         );
         let sent_err = |e: BodyError, consumed: bool| match e {
@@ -346,6 +457,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 true,
             ),
         };
+        let mut request_body = 0;
         if head.body != BodyKind::Empty {
             if head.expect_continue {
                 flush(&mut c.conn, &mut self.out, t.send)
@@ -363,7 +475,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     })?;
             }
             *body_consumed = true;
-            Copy {
+            request_body = Copy {
                 input: head.body,
                 chunked_out: head.body == BodyKind::Chunked,
                 read_timeout: self.w.shared.cfg.header_timeout,
@@ -403,7 +515,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let framing = forward::out_framing(&resp, head.version);
         let keep = head.keep_alive && framing != OutFraming::Close && !*self.shutdown.borrow();
         self.out.clear();
-        forward::response_head(&resp, framing, head.version, keep, &mut self.out);
+        let upstream_latency = t_up.elapsed();
+        if let Some(ctx) = pctx.as_deref_mut() {
+            for chain in chains.iter().flatten() {
+                chain.header_filter(ctx, resp.status);
+            }
+        }
+        let resp_edits: Option<&RespEdits> = pctx.as_deref().map(|c| &c.resp);
+        forward::response_head(
+            &resp,
+            framing,
+            head.version,
+            keep,
+            resp_edits,
+            &mut self.out,
+        );
+        let head_len = self.out.len() as u64;
         let copied = Copy {
             input: resp.body,
             chunked_out: framing == OutFraming::Chunked,
@@ -414,8 +541,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
         .run(&mut c.conn, &mut self.ubuf, &mut self.io)
         .await;
-        match copied {
-            Ok(_) => {}
+        let response_body = match copied {
+            Ok(n) => n,
             Err(BodyError::Sink(m)) => {
                 return Err(fail(
                     Error::downstream(Kind::ClientClosed, m),
@@ -442,11 +569,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     true,
                 ));
             }
-        }
+        };
         if resp.keep_alive && resp.body != BodyKind::Eof && self.ubuf.is_empty() {
             self.w.pool.checkin(c, up.pool);
         }
-        Ok(keep && head.keep_alive)
+        Ok(Done {
+            keep,
+            status: resp.status,
+            request_body: if head.body == BodyKind::Empty {
+                0
+            } else {
+                request_body
+            },
+            response_bytes: head_len + response_body,
+            upstream_latency,
+        })
     }
 
     /// Reads the final response head, skipping interim 1xx responses (100-continue is answered by Sluice itself).

@@ -6,6 +6,7 @@
 
 use bytes::{BufMut, BytesMut};
 use sluice_http::{connection_tokens, BodyKind, RequestHead, ResponseHead, Version};
+use sluice_plugins::{Edits, RespEdits};
 
 use crate::snapshot::{NodeRt, PassHost};
 
@@ -20,7 +21,7 @@ pub(crate) struct ForwardInfo<'a> {
     pub host: Option<&'a str>,
 }
 
-fn put_header(out: &mut BytesMut, name: &[u8], value: &[u8]) {
+pub(crate) fn put_header(out: &mut BytesMut, name: &[u8], value: &[u8]) {
     out.put_slice(name);
     out.put_slice(b": ");
     out.put_slice(value);
@@ -28,13 +29,24 @@ fn put_header(out: &mut BytesMut, name: &[u8], value: &[u8]) {
 }
 
 /// The request head for the upstream, always HTTP/1.1 keep-alive.
-pub(crate) fn request_head(head: &RequestHead, info: &ForwardInfo<'_>, out: &mut BytesMut) {
+pub(crate) fn request_head(
+    head: &RequestHead,
+    info: &ForwardInfo<'_>,
+    edits: Option<&Edits>,
+    out: &mut BytesMut,
+) {
+    let edits = edits.filter(|e| !e.is_empty());
     out.reserve(head.buf.len() + 160);
-    out.put_slice(head.slice(head.method));
+    match edits.and_then(|e| e.method.as_ref()) {
+        Some(m) => out.put_slice(m),
+        None => out.put_slice(head.slice(head.method)),
+    }
     out.put_u8(b' ');
     // Absolute-form targets become origin-form: an origin server is not a proxy (RFC 9112 §3.2.2).
     let target = head.slice(head.target);
-    if target.first() == Some(&b'/') || target == b"*" {
+    if let Some(uri) = edits.and_then(|e| e.uri.as_ref()) {
+        out.put_slice(uri);
+    } else if target.first() == Some(&b'/') || target == b"*" {
         out.put_slice(target);
     } else {
         out.put_slice(head.slice(head.path));
@@ -54,9 +66,12 @@ pub(crate) fn request_head(head: &RequestHead, info: &ForwardInfo<'_>, out: &mut
         if tokens.is_hop_by_hop(name) || name.eq_ignore_ascii_case(b"expect") {
             continue;
         }
+        if edits.is_some_and(|e| e.drops(name)) && !name.eq_ignore_ascii_case(b"host") {
+            continue;
+        }
         if name.eq_ignore_ascii_case(b"host") {
             if !wrote_host {
-                write_host(out, name, value, info);
+                write_host(out, name, value, info, edits);
                 wrote_host = true;
             }
             continue;
@@ -87,7 +102,14 @@ pub(crate) fn request_head(head: &RequestHead, info: &ForwardInfo<'_>, out: &mut
         put_header(out, name, value);
     }
     if !wrote_host {
-        write_host(out, b"Host", b"", info);
+        write_host(out, b"Host", b"", info, edits);
+    }
+    if let Some(e) = edits {
+        for (name, value) in &e.set_headers {
+            if !name.eq_ignore_ascii_case(b"host") {
+                put_header(out, name, value);
+            }
+        }
     }
     match xff {
         Some(_) => append_xff(out, &mut xff, info.client_ip),
@@ -124,7 +146,16 @@ fn append_xff(out: &mut BytesMut, xff: &mut Option<(usize, usize)>, value: &[u8]
     *xff = Some((start, new_end));
 }
 
-fn write_host(out: &mut BytesMut, name: &[u8], client_value: &[u8], info: &ForwardInfo<'_>) {
+fn write_host(
+    out: &mut BytesMut,
+    name: &[u8],
+    client_value: &[u8],
+    info: &ForwardInfo<'_>,
+    edits: Option<&Edits>,
+) {
+    if let Some(h) = edits.and_then(|e| e.host.as_ref()) {
+        return put_header(out, name, h);
+    }
     let value: &[u8] = match info.pass_host {
         PassHost::Pass if !client_value.is_empty() => client_value,
         PassHost::Pass | PassHost::Node => &info.node.host_header,
@@ -158,8 +189,10 @@ pub(crate) fn response_head(
     framing: OutFraming,
     client: Version,
     keep_alive: bool,
+    edits: Option<&RespEdits>,
     out: &mut BytesMut,
 ) {
+    let edits = edits.filter(|e| !e.is_empty());
     out.reserve(resp.buf.len() + 64);
     out.put_slice(b"HTTP/1.1 ");
     let mut code = itoa_buf();
@@ -170,10 +203,15 @@ pub(crate) fn response_head(
     let tokens = connection_tokens(&resp.buf, &resp.headers);
     for h in &resp.headers {
         let name = resp.slice(h.name);
-        if tokens.is_hop_by_hop(name) {
+        if tokens.is_hop_by_hop(name) || edits.is_some_and(|e| e.drops(name)) {
             continue;
         }
         put_header(out, name, resp.slice(h.value));
+    }
+    if let Some(e) = edits {
+        for (name, value) in e.set_headers.iter().chain(&e.add_headers) {
+            put_header(out, name, value);
+        }
     }
     if framing == OutFraming::Chunked {
         out.put_slice(b"Transfer-Encoding: chunked\r\n");

@@ -14,7 +14,6 @@ mod pool;
 mod server;
 mod snapshot;
 mod tls;
-mod view;
 
 pub use error::{Error, Side};
 pub use server::{Gateway, Listeners, ProxyConfig, Running};

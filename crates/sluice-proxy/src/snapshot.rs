@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use ahash::AHashMap;
 use sluice_model::{merge_route_service, Id, Resources, Timeout, Upstream};
+use sluice_plugins::{Chain, CompileEnv};
 use sluice_router::{RouteSpec, Router, Var};
 use sluice_upstream::{Balancer, LbKind, NodeSpec};
 
@@ -21,12 +22,15 @@ pub struct Snapshot {
     pub revision: u64,
     pub(crate) router: Router<u32>,
     pub(crate) routes: Vec<CompiledRoute>,
+    /// Plugins of all global rules, run before every route's own (APISIX `global_rules`).
+    pub(crate) global: Option<Arc<Chain>>,
 }
 
 pub(crate) struct CompiledRoute {
     pub id: Arc<str>,
     pub upstream: Arc<UpstreamRt>,
     pub timeouts: Timeouts,
+    pub plugins: Option<Arc<Chain>>,
     #[allow(dead_code)] // read by the WebSocket path (issue 3)
     pub websocket: bool,
 }
@@ -97,6 +101,7 @@ impl Snapshot {
             router: Router::build(Vec::new())
                 .unwrap_or_else(|_| unreachable!("an empty router always builds")),
             routes: Vec::new(),
+            global: None,
         }
     }
 
@@ -116,6 +121,16 @@ impl Snapshot {
             shared.insert(id, Arc::new(rt));
         }
 
+        let env = CompileEnv {
+            consumers: &res.consumers,
+            plugin_attr: None,
+        };
+        let mut global_plugins = serde_json::Map::new();
+        for g in &res.global_rules {
+            global_plugins.extend(g.plugins.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        let global =
+            Chain::compile(&global_plugins, &env).map_err(|e| format!("global_rules: {e}"))?;
         let mut specs = Vec::with_capacity(res.routes.len());
         let mut routes = Vec::with_capacity(res.routes.len());
         for r in res.routes.iter().filter(|r| r.enabled()) {
@@ -158,6 +173,7 @@ impl Snapshot {
                 .map(Timeouts::from)
                 .or(upstream.timeouts)
                 .unwrap_or_else(|| Timeout::default().into());
+            let plugins = Chain::compile(&eff.plugins, &env).map_err(ctx)?;
             let uris = r.all_uris();
             if uris.is_empty() {
                 return Err(ctx("one of uri or uris is required".into()));
@@ -175,6 +191,7 @@ impl Snapshot {
                 id: Arc::from(r.id.0.as_str()),
                 upstream,
                 timeouts,
+                plugins,
                 websocket: eff.enable_websocket,
             });
         }
@@ -186,6 +203,7 @@ impl Snapshot {
             revision,
             router,
             routes,
+            global,
         })
     }
 }

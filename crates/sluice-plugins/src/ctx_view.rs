@@ -1,4 +1,4 @@
-//! The request as routing, balancing and (later) plugins see it: a borrowed view over the parsed head plus the
+//! The request as routing, balancing and plugins see it: a borrowed view over the parsed head plus the
 //! connection facts. Variables are answered by `match` on the compiled [`Var`], never by a string-keyed map; only
 //! the rarely used ones (cookies, the peer address as text) allocate.
 
@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use sluice_http::RequestHead;
 use sluice_router::{MatchRequest, Var};
 
-pub(crate) struct ReqView<'a> {
+pub struct ReqView<'a> {
     pub head: &'a RequestHead,
     /// Host without port, lower-cased (borrowed when it already is).
     pub host: Option<Cow<'a, str>>,

@@ -1,0 +1,113 @@
+//! The plugin runtime and the plugins, with APISIX's names, priorities, schemas and phases.
+//!
+//! A plugin is one file (`src/<name>.rs`) holding its `NAME`, `PRIORITY`, schema, `check` and `compile`, plus one
+//! line in [`registry::REGISTRY`]. Compiling a route's merged `plugins` object yields a [`Chain`]: the plugins sorted
+//! by priority with a bitmask of the phases any of them implements, built once per configuration snapshot. The proxy
+//! runs a chain's phases per request; a route without plugins has no chain and pays nothing.
+//!
+//! Contract (see docs/architecture.md, "Plugin phases"): `rewrite` and `access` may answer the request themselves
+//! ([`Flow::Respond`]); once one does, later plugins' request phases are skipped but `header_filter` and `log` still
+//! run, as in APISIX. `header_filter` may add, set or remove response headers. `log` runs after the response is sent
+//! and must not block. Only the runner writes responses.
+
+mod chain;
+mod ctx;
+mod ctx_view;
+pub mod registry;
+
+pub use chain::{Chain, CompileEnv};
+pub use ctx::{Ctx, Edits, LogInfo, RespEdits};
+pub use ctx_view::ReqView;
+
+use bytes::Bytes;
+
+/// APISIX's plugin phases, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    Rewrite = 1,
+    Access = 2,
+    BeforeProxy = 4,
+    HeaderFilter = 8,
+    BodyFilter = 16,
+    Log = 32,
+}
+
+/// Which phases a plugin (or a chain) implements: the runner skips the rest without a call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PhaseMask(pub u8);
+
+impl PhaseMask {
+    pub const fn of(phases: &[Phase]) -> Self {
+        let mut m = 0;
+        let mut i = 0;
+        while i < phases.len() {
+            m |= phases[i] as u8;
+            i += 1;
+        }
+        PhaseMask(m)
+    }
+    pub const fn has(self, p: Phase) -> bool {
+        self.0 & p as u8 != 0
+    }
+    pub const fn union(self, o: PhaseMask) -> Self {
+        PhaseMask(self.0 | o.0)
+    }
+}
+
+/// What a request-side hook decides.
+#[derive(Debug)]
+pub enum Flow {
+    Continue,
+    /// Answer now with this response (APISIX's `return code, body`).
+    Respond(Response),
+}
+
+/// A response written by a plugin. APISIX's `return 401, {message = "..."}` becomes a JSON body.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(Bytes, Bytes)>,
+    pub body: Bytes,
+}
+
+impl Response {
+    /// A JSON `{"message": msg}` body, as APISIX plugins answer.
+    pub fn message(status: u16, msg: &str) -> Self {
+        let body = serde_json::json!({ "message": msg }).to_string();
+        Response {
+            status,
+            headers: vec![(
+                Bytes::from_static(b"Content-Type"),
+                Bytes::from_static(b"application/json"),
+            )],
+            body: Bytes::from(body),
+        }
+    }
+    pub fn status(status: u16) -> Self {
+        Response {
+            status,
+            headers: Vec::new(),
+            body: Bytes::new(),
+        }
+    }
+}
+
+/// A compiled plugin instance: one per plugin per route (or global rule), built when the configuration changes.
+/// Hooks are synchronous: a plugin that needs IO (Redis, HTTP) does it off the request path or batches it.
+pub trait Plugin: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn priority(&self) -> i32;
+    fn phases(&self) -> PhaseMask;
+    fn rewrite(&self, _ctx: &mut Ctx<'_>) -> Flow {
+        Flow::Continue
+    }
+    fn access(&self, _ctx: &mut Ctx<'_>) -> Flow {
+        Flow::Continue
+    }
+    fn before_proxy(&self, _ctx: &mut Ctx<'_>) -> Flow {
+        Flow::Continue
+    }
+    fn header_filter(&self, _ctx: &mut Ctx<'_>, _status: u16) {}
+    fn log(&self, _ctx: &Ctx<'_>, _info: &LogInfo) {}
+}
