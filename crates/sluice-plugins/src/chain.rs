@@ -8,9 +8,15 @@ use serde_json::{Map, Value};
 use crate::registry::{self, Entry};
 use crate::{Ctx, Flow, LogInfo, Phase, PhaseMask, Plugin};
 
-/// What plugins may consult while compiling: the snapshot's consumers, and the node's plugin settings.
+/// State that outlives configuration snapshots: rate-limit counters, metric families, client pools. Created once by
+/// the binary and handed to every compilation, so a reload neither resets a limit nor loses a metric.
 #[derive(Default)]
+pub struct Shared {}
+
+/// What plugins may consult while compiling: the snapshot's consumers, the node's plugin settings and the
+/// long-lived [`Shared`] state.
 pub struct CompileEnv<'a> {
+    pub shared: &'a Shared,
     pub consumers: &'a [sluice_model::Consumer],
     /// `plugin_attr` from config.yaml.
     pub plugin_attr: Option<&'a Map<String, Value>>,

@@ -15,7 +15,7 @@ mod ctx;
 mod ctx_view;
 pub mod registry;
 
-pub use chain::{Chain, CompileEnv};
+pub use chain::{Chain, CompileEnv, Shared};
 pub use ctx::{Ctx, Edits, LogInfo, RespEdits};
 pub use ctx_view::ReqView;
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ahash::AHashMap;
 use sluice_model::{merge_route_service, Id, Resources, Timeout, Upstream};
-use sluice_plugins::{Chain, CompileEnv};
+use sluice_plugins::{Chain, CompileEnv, Shared};
 use sluice_router::{RouteSpec, Router, Var};
 use sluice_upstream::{Balancer, LbKind, NodeSpec};
 
@@ -109,19 +109,29 @@ impl Snapshot {
         self.routes.len()
     }
 
-    /// Compiles `res` at `revision`. An error names the resource at fault, in APISIX's words where it has them.
+    /// Compiles `res` with throwaway plugin state: a dry run that validates a configuration.
     pub fn compile(res: &Resources, revision: u64) -> Result<Snapshot, String> {
+        Self::compile_with(res, revision, &Shared::default())
+    }
+
+    /// Compiles `res` at `revision`. An error names the resource at fault, in APISIX's words where it has them.
+    pub fn compile_with(
+        res: &Resources,
+        revision: u64,
+        shared: &Shared,
+    ) -> Result<Snapshot, String> {
         let services: AHashMap<&Id, _> = res.services.iter().map(|s| (&s.id, s)).collect();
         let plugin_configs: AHashMap<&Id, _> =
             res.plugin_configs.iter().map(|p| (&p.id, p)).collect();
-        let mut shared: AHashMap<&str, Arc<UpstreamRt>> = AHashMap::new();
+        let mut shared_ups: AHashMap<&str, Arc<UpstreamRt>> = AHashMap::new();
         for u in &res.upstreams {
             let id = u.id.as_ref().map(|i| i.0.as_str()).unwrap_or_default();
             let rt = compile_upstream(u).map_err(|e| format!("upstream {id}: {e}"))?;
-            shared.insert(id, Arc::new(rt));
+            shared_ups.insert(id, Arc::new(rt));
         }
 
         let env = CompileEnv {
+            shared,
             consumers: &res.consumers,
             plugin_attr: None,
         };
@@ -157,7 +167,7 @@ impl Snapshot {
             let eff = merge_route_service(r, service, pc);
             let upstream = match (&eff.upstream, &eff.upstream_id) {
                 (Some(u), _) => Arc::new(compile_upstream(u).map_err(ctx)?),
-                (None, Some(id)) => shared.get(id.0.as_str()).cloned().ok_or_else(|| {
+                (None, Some(id)) => shared_ups.get(id.0.as_str()).cloned().ok_or_else(|| {
                     ctx(format!(
                         "failed to fetch upstream info by upstream id [{id}]"
                     ))
