@@ -2,6 +2,12 @@
 //!
 //! Run briefly: `cargo bench -p sluice-http --bench parse -- --warm-up-time 1 --measurement-time 3`.
 //! Each iteration copies the input into a reused `BytesMut` (as a socket read would) and parses it.
+//!
+//! Measured 2026-11-22 on the shared 2-vCPU dev box (load ~7, so wall times are noisy): request 415 B ~470 ns,
+//! response 190 B ~345 ns, httparse alone on the request ~340 ns (load 8). Stable figures from callgrind over
+//! `examples/parse_loop.rs` (20k iterations minus a 0-iteration run): request 4.1k instructions (httparse alone
+//! 2.4k), response 2.9k (httparse alone 1.8k). The difference is the hygiene scan, spans, the one `Vec` and the
+//! `Bytes` split.
 
 use bytes::{BufMut, BytesMut};
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};

@@ -41,6 +41,12 @@ fn main() {
                     .flatten()
                     .map_or(0, |h| h.headers.len());
             }
+            "httparse-response" => {
+                buf.put_slice(RESPONSE);
+                let mut headers = [httparse::EMPTY_HEADER; 32];
+                let mut res = httparse::Response::new(&mut headers);
+                sum += res.parse(&buf).ok().map_or(0, |_| res.headers.len());
+            }
             "httparse" => {
                 buf.put_slice(REQUEST);
                 let mut headers = [httparse::EMPTY_HEADER; 32];

