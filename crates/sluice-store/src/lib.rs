@@ -3,6 +3,7 @@
 //! plane, and the data plane never depends on this crate.
 
 pub mod embedded;
+pub mod etcd;
 pub mod kv;
 pub mod standalone;
 
@@ -26,4 +27,36 @@ pub fn parse_node_config(text: &str) -> Result<NodeConfig, String> {
         return Ok(NodeConfig::default());
     }
     serde_yaml::from_str(text).map_err(|e| format!("invalid config.yaml: {e}"))
+}
+
+/// Which provider the node configuration selects: `deployment.role_traditional.config_provider` (or
+/// `role_data_plane` for data planes): `embedded` (Sluice's default), `etcd`, or `yaml` (standalone).
+pub fn provider_name(cfg: &NodeConfig) -> &str {
+    match cfg.deployment.role.as_str() {
+        "data_plane" => &cfg.deployment.role_data_plane.config_provider,
+        _ => &cfg.deployment.role_traditional.config_provider,
+    }
+}
+
+/// Opens the read-write store the node configuration selects: the embedded store at `data_dir/sluice.redb`, or
+/// etcd per `deployment.etcd`. Standalone (`yaml`) has no read-write store: use [`standalone`] instead.
+pub async fn open_store(
+    cfg: &NodeConfig,
+    data_dir: &std::path::Path,
+) -> Result<Arc<dyn kv::Store>, String> {
+    match provider_name(cfg) {
+        "embedded" => embedded::EmbeddedStore::open(&data_dir.join("sluice.redb"))
+            .map(|s| Arc::new(s) as Arc<dyn kv::Store>)
+            .map_err(|e| e.to_string()),
+        "etcd" => {
+            let ec = etcd::EtcdConfig::from_node_config(cfg)?;
+            etcd::EtcdStore::connect(ec)
+                .await
+                .map(|s| Arc::new(s) as Arc<dyn kv::Store>)
+                .map_err(|e| e.to_string())
+        }
+        other => Err(format!(
+            "config_provider {other:?} has no read-write store (yaml is standalone mode)"
+        )),
+    }
 }

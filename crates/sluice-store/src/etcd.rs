@@ -1,0 +1,340 @@
+//! The etcd v3 provider, laid out exactly as APISIX's (prefix `/apisix`, keys `/apisix/routes/1`, JSON values),
+//! so an APISIX etcd dataset reads as is and several Sluice nodes on one etcd converge through its watch.
+//!
+//! A background task keeps an in-memory [`Snapshot`]: a full range read, then a prefix watch from the next
+//! revision. On any error (etcd gone, watch cancelled, compaction) it marks the store unhealthy, keeps the last
+//! configuration (the data plane never sees a partial one), retries with capped exponential backoff, and
+//! resynchronises fully on return. Writes are single etcd transactions guarded by mod-revision compares.
+//! Not here: etcd TLS/auth (plain http endpoints only) and history (etcd compacts it; see docs/admin-api.md).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, WatchOptions,
+};
+use serde_json::Value;
+use sluice_model::NodeConfig;
+use tokio::sync::watch;
+
+use crate::kv::{BoxFuture, Entry, Op, Revision, Snapshot, Store, StoreError, KINDS};
+use crate::{ConfigRx, ConfigTx, Versioned};
+
+/// `deployment.etcd` as APISIX reads it: `host` list of `http://ip:port`, `prefix`, `timeout` (seconds).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EtcdConfig {
+    pub endpoints: Vec<String>,
+    pub prefix: String,
+    pub timeout: Duration,
+}
+
+impl EtcdConfig {
+    pub fn from_node_config(cfg: &NodeConfig) -> Result<EtcdConfig, String> {
+        let e = cfg.deployment.etcd.clone().unwrap_or(Value::Null);
+        let endpoints: Vec<String> = match e.get("host") {
+            Some(Value::Array(h)) => h
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect(),
+            Some(Value::String(h)) => vec![h.clone()],
+            _ => vec!["http://127.0.0.1:2379".into()],
+        };
+        if endpoints.is_empty() {
+            return Err("deployment.etcd.host: no endpoints".into());
+        }
+        let prefix = e
+            .get("prefix")
+            .and_then(Value::as_str)
+            .unwrap_or("/apisix")
+            .trim_end_matches('/')
+            .to_owned();
+        let timeout = e.get("timeout").and_then(Value::as_f64).unwrap_or(30.0);
+        Ok(EtcdConfig {
+            endpoints,
+            prefix,
+            timeout: Duration::from_secs_f64(timeout.max(0.1)),
+        })
+    }
+}
+
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: EtcdConfig,
+    client: Client,
+    snapshot: RwLock<Arc<Snapshot>>,
+    healthy: AtomicBool,
+    tx: ConfigTx,
+    /// The snapshot's revision, so a writer can wait until its own write is visible.
+    seen: watch::Sender<u64>,
+}
+
+fn unavailable<E: std::fmt::Display>(e: E) -> StoreError {
+    StoreError::Unavailable(format!("etcd: {e}"))
+}
+
+impl EtcdStore {
+    /// Connects, loads everything under the prefix, and starts the watch task. Fails when etcd is unreachable
+    /// at startup (as APISIX does); later outages are survived.
+    pub async fn connect(cfg: EtcdConfig) -> Result<EtcdStore, StoreError> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(cfg.timeout.min(Duration::from_secs(5)))
+            .with_timeout(cfg.timeout)
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
+        let client = Client::connect(&cfg.endpoints, Some(opts))
+            .await
+            .map_err(unavailable)?;
+        let (tx, _) = watch::channel(Arc::new(Versioned::default()));
+        let (seen, _) = watch::channel(0);
+        let inner = Arc::new(Inner {
+            cfg,
+            client,
+            snapshot: RwLock::new(Arc::new(Snapshot::default())),
+            healthy: AtomicBool::new(false),
+            tx,
+            seen,
+        });
+        let rev = inner.full_sync().await?;
+        tokio::spawn(sync_loop(Arc::downgrade(&inner), rev));
+        Ok(EtcdStore { inner })
+    }
+}
+
+/// `/apisix/routes/1` -> `routes/1`, for resource keys only (APISIX also keeps `/apisix/plugins`, data-plane
+/// heartbeats and v2 directory placeholders there).
+fn relative(prefix: &str, key: &[u8]) -> Option<String> {
+    let key = std::str::from_utf8(key).ok()?;
+    let rel = key.strip_prefix(prefix)?.strip_prefix('/')?;
+    let (kind, id) = rel.split_once('/')?;
+    (KINDS.contains(&kind) && !id.is_empty()).then(|| rel.to_owned())
+}
+
+impl Inner {
+    fn current(&self) -> Arc<Snapshot> {
+        match self.snapshot.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    fn publish(&self, next: Snapshot) {
+        let revision = next.revision;
+        let resources = next.to_resources();
+        let next = Arc::new(next);
+        match self.snapshot.write() {
+            Ok(mut g) => *g = next,
+            Err(p) => *p.into_inner() = next,
+        }
+        self.tx.send_replace(Arc::new(Versioned {
+            revision,
+            resources,
+        }));
+        self.seen.send_replace(revision);
+    }
+
+    /// Reads the whole prefix and replaces the snapshot; returns the etcd revision it reflects.
+    async fn full_sync(&self) -> Result<i64, StoreError> {
+        let mut c = self.client.clone();
+        let resp = c
+            .get(
+                format!("{}/", self.cfg.prefix),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await
+            .map_err(unavailable)?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut snap = Snapshot {
+            revision: revision.max(0) as u64,
+            ..Snapshot::default()
+        };
+        for kv in resp.kvs() {
+            let Some(key) = relative(&self.cfg.prefix, kv.key()) else {
+                continue;
+            };
+            match serde_json::from_slice::<Value>(kv.value()) {
+                Ok(value) => {
+                    snap.entries.insert(
+                        key,
+                        Entry {
+                            value,
+                            create_revision: kv.create_revision().max(0) as u64,
+                            mod_revision: kv.mod_revision().max(0) as u64,
+                        },
+                    );
+                }
+                Err(e) => tracing::error!(key, error = %e, "etcd value is not JSON; skipped"),
+            }
+        }
+        if *self.current() != snap || self.tx.borrow().revision == 0 {
+            self.publish(snap);
+        }
+        self.healthy.store(true, Ordering::Relaxed);
+        Ok(revision)
+    }
+
+    /// Follows the watch from `from` until it fails; returns why.
+    async fn follow(&self, from: i64) -> StoreError {
+        let mut c = self.client.clone();
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(from + 1);
+        let mut stream = match c.watch(format!("{}/", self.cfg.prefix), Some(opts)).await {
+            Ok(s) => s,
+            Err(e) => return unavailable(e),
+        };
+        loop {
+            let msg = match stream.message().await {
+                Ok(Some(m)) => m,
+                Ok(None) => return unavailable("watch stream closed"),
+                Err(e) => return unavailable(e),
+            };
+            if msg.compact_revision() != 0 || msg.canceled() {
+                return unavailable(format!(
+                    "watch cancelled (compacted at {}): {}",
+                    msg.compact_revision(),
+                    msg.cancel_reason()
+                ));
+            }
+            let revision = msg.header().map_or(0, |h| h.revision()).max(0) as u64;
+            if msg.events().is_empty() {
+                continue;
+            }
+            let mut next = (*self.current()).clone();
+            for ev in msg.events() {
+                let Some(kv) = ev.kv() else { continue };
+                let Some(key) = relative(&self.cfg.prefix, kv.key()) else {
+                    continue;
+                };
+                match ev.event_type() {
+                    EventType::Put => match serde_json::from_slice::<Value>(kv.value()) {
+                        Ok(value) => {
+                            next.entries.insert(
+                                key,
+                                Entry {
+                                    value,
+                                    create_revision: kv.create_revision().max(0) as u64,
+                                    mod_revision: kv.mod_revision().max(0) as u64,
+                                },
+                            );
+                        }
+                        Err(e) => {
+                            tracing::error!(key, error = %e, "etcd value is not JSON; skipped")
+                        }
+                    },
+                    EventType::Delete => {
+                        next.entries.remove(&key);
+                    }
+                }
+            }
+            next.revision = revision.max(next.revision);
+            self.publish(next);
+        }
+    }
+}
+
+/// Watch, and on failure back off (100 ms doubling to 5 s) and resync fully. Ends when the store is dropped.
+async fn sync_loop(inner: std::sync::Weak<Inner>, mut rev: i64) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Some(me) = inner.upgrade() else { return };
+        let err = me.follow(rev).await;
+        me.healthy.store(false, Ordering::Relaxed);
+        tracing::warn!(error = %err, "etcd watch lost; keeping the last configuration and retrying");
+        drop(me);
+        loop {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            let Some(me) = inner.upgrade() else { return };
+            match me.full_sync().await {
+                Ok(r) => {
+                    rev = r;
+                    backoff = Duration::from_millis(100);
+                    tracing::info!(revision = r, "etcd resynchronised");
+                    break;
+                }
+                Err(e) => tracing::debug!(error = %e, "etcd still unavailable"),
+            }
+        }
+    }
+}
+
+impl Store for EtcdStore {
+    fn backend(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.inner.current()
+    }
+
+    fn commit(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let p = &inner.cfg.prefix;
+            let mut compares = Vec::new();
+            let mut actions = Vec::new();
+            for op in &ops {
+                let key = format!("{p}/{}", op.key());
+                match op.expect_mod() {
+                    Some(0) => compares.push(Compare::version(key.clone(), CompareOp::Equal, 0)),
+                    Some(r) => compares.push(Compare::mod_revision(
+                        key.clone(),
+                        CompareOp::Equal,
+                        r as i64,
+                    )),
+                    None => {}
+                }
+                actions.push(match op {
+                    Op::Put { value, .. } => TxnOp::put(key, value.to_string(), None),
+                    Op::Delete { .. } => TxnOp::delete(key, None),
+                });
+            }
+            let mut c = inner.client.clone();
+            let resp = c
+                .txn(Txn::new().when(compares).and_then(actions))
+                .await
+                .map_err(|e| {
+                    inner.healthy.store(false, Ordering::Relaxed);
+                    unavailable(e)
+                })?;
+            if !resp.succeeded() {
+                return Err(StoreError::Conflict(
+                    "the configuration was modified concurrently; retry".into(),
+                ));
+            }
+            let rev = resp.header().map_or(0, |h| h.revision()).max(0) as u64;
+            // Read-your-writes: wait (bounded) until the watch has brought this revision into the snapshot.
+            let mut seen = inner.seen.subscribe();
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), seen.wait_for(|s| *s >= rev)).await;
+            Ok(rev)
+        })
+    }
+
+    fn history(
+        &self,
+        _after: u64,
+        _limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<Revision>, StoreError>> {
+        Box::pin(async {
+            Err(StoreError::Unsupported(
+                "history is kept by the embedded store only; etcd compacts its own".into(),
+            ))
+        })
+    }
+
+    fn subscribe(&self) -> ConfigRx {
+        self.inner.tx.subscribe()
+    }
+
+    fn healthy(&self) -> bool {
+        self.inner.healthy.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests;
