@@ -64,11 +64,12 @@ pub(crate) fn store_error(e: StoreError) -> Reply {
 }
 
 pub(crate) async fn resource(state: &AdminState, req: &Req, t: Target) -> Reply {
+    if !state.store.healthy() {
+        // As APISIX when etcd is unreachable; the data plane keeps running its last configuration.
+        return Reply::error(503, "the configuration store is unavailable");
+    }
     match req.method.as_str() {
         "GET" => get(state, req, &t),
-        "PUT" | "POST" | "PATCH" | "DELETE" if !state.store.healthy() => {
-            Reply::error(503, "the configuration store is unavailable")
-        }
         "PUT" => put(state, req, &t, false).await,
         "POST" if !t.kind.post => Reply::error(
             405,

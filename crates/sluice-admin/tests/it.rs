@@ -47,6 +47,97 @@ fn tmpdir(name: &str) -> PathBuf {
     d
 }
 
+/// Wraps a store and lets a test take it "offline", as an etcd outage does.
+struct Flaky {
+    inner: EmbeddedStore,
+    up: std::sync::atomic::AtomicBool,
+}
+
+impl Store for Flaky {
+    fn backend(&self) -> &'static str {
+        "flaky"
+    }
+    fn snapshot(&self) -> Arc<sluice_store::kv::Snapshot> {
+        self.inner.snapshot()
+    }
+    fn commit(
+        &self,
+        ops: Vec<sluice_store::kv::Op>,
+    ) -> sluice_store::kv::BoxFuture<'_, Result<u64, sluice_store::kv::StoreError>> {
+        self.inner.commit(ops)
+    }
+    fn history(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> sluice_store::kv::BoxFuture<
+        '_,
+        Result<Vec<sluice_store::kv::Revision>, sluice_store::kv::StoreError>,
+    > {
+        self.inner.history(after, limit)
+    }
+    fn subscribe(&self) -> sluice_store::ConfigRx {
+        self.inner.subscribe()
+    }
+    fn healthy(&self) -> bool {
+        self.up.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[tokio::test]
+async fn store_outage_answers_503() {
+    let dir = tmpdir("flaky");
+    let _ = std::fs::remove_dir_all(&dir);
+    let flaky = Arc::new(Flaky {
+        inner: EmbeddedStore::open(&dir.join("db.redb")).unwrap(),
+        up: std::sync::atomic::AtomicBool::new(true),
+    });
+    let (_applied_tx, applied_rx) = tokio::sync::watch::channel(0u64);
+    let config = AdminConfig {
+        keys: vec![AdminKey {
+            name: "admin".into(),
+            key: KEY.into(),
+            role: Role::Admin,
+        }],
+        ..AdminConfig::default()
+    };
+    let state = AdminState::new(
+        config,
+        flaky.clone(),
+        Arc::new(|_: &sluice_model::Resources| Ok(())),
+        Arc::new(Catalog),
+        applied_rx,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let gw = Gw {
+        addr,
+        task: tokio::spawn(sluice_admin::serve(listener, state)),
+    };
+    assert_eq!(
+        call(&gw, "PUT", "/apisix/admin/routes/1", ISSUE_ROUTE)
+            .await
+            .status,
+        201
+    );
+    flaky.up.store(false, std::sync::atomic::Ordering::Relaxed);
+    let r = call(&gw, "PUT", "/apisix/admin/routes/2", ISSUE_ROUTE).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        call(&gw, "GET", "/apisix/admin/routes/1", "").await.status,
+        503
+    );
+    let r = call(&gw, "GET", "/apisix/admin/status", "").await;
+    assert_eq!((r.status, r.body["healthy"].clone()), (200, json!(false)));
+    flaky.up.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        call(&gw, "GET", "/apisix/admin/routes/2", "").await.status,
+        404,
+        "the refused write left nothing"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 async fn start_at(dir: PathBuf) -> Gw {
     // A restarted gateway may find the previous one's aborted tasks still releasing the file lock.
     let mut tries = 0;
