@@ -87,6 +87,9 @@ pub enum ParseError {
     ChunkedTwice,
     /// A transfer coding Sluice does not know (501, RFC 9112 §6.1).
     UnknownTransferCoding,
+    /// A registered coding other than chunked (gzip, deflate, compress) used as a transfer coding: Sluice does not
+    /// implement them and would drop them when re-framing (501).
+    UnsupportedTransferCoding,
     /// An empty Transfer-Encoding value (400).
     EmptyTransferEncoding,
     /// Transfer-Encoding in an HTTP/1.0 message (400, RFC 9112 §6.1: "faulty framing").
@@ -117,7 +120,7 @@ impl ParseError {
             HeadTooLarge | TooManyHeaders | TrailersTooLarge => 431,
             UriTooLong => 414,
             UnsupportedVersion => 505,
-            UnknownTransferCoding => 501,
+            UnknownTransferCoding | UnsupportedTransferCoding => 501,
             _ => 400,
         }
     }
@@ -173,6 +176,7 @@ impl ParseError {
             ChunkedNotFinal => "Transfer-Encoding whose final coding is not chunked",
             ChunkedTwice => "chunked applied more than once",
             UnknownTransferCoding => "unknown transfer coding",
+            UnsupportedTransferCoding => "transfer coding other than chunked is not supported",
             EmptyTransferEncoding => "empty Transfer-Encoding",
             TransferEncodingHttp10 => "Transfer-Encoding in an HTTP/1.0 message",
             InvalidChunkSize => "invalid chunk size line",

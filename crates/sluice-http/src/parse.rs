@@ -121,9 +121,9 @@ pub fn parse_request(
 
 /// Parse a response head from the start of `buf`; `req_method_head` says the request was HEAD (no body follows).
 ///
-/// Framing (RFC 9112 §6.3): HEAD, 1xx, 204 and 304 -> `Empty`; chunked final coding -> `Chunked`; other
-/// Transfer-Encoding -> `Eof`; Content-Length -> `Length`/`Empty`; nothing -> `Eof`. The same conflict checks as
-/// requests apply (CL+TE, bad or duplicate CL, chunked twice) so an upstream cannot split responses. 1xx heads are
+/// Framing (RFC 9112 §6.3): HEAD, 1xx, 204 and 304 -> `Empty`; `Transfer-Encoding: chunked` -> `Chunked`;
+/// Content-Length -> `Length`/`Empty`; nothing -> `Eof`. The same conflict checks as requests apply (CL+TE, bad or
+/// duplicate CL, chunked twice, codings other than chunked) so an upstream cannot split responses. 1xx heads are
 /// returned like any other: the caller forwards them and parses again.
 pub fn parse_response(
     buf: &mut BytesMut,

@@ -115,13 +115,16 @@ impl Fields {
         if te.chunked > 1 {
             return Err(ParseError::ChunkedTwice);
         }
-        if te.last_is_chunked {
-            Ok(Some(BodyKind::Chunked))
-        } else if request {
-            Err(ParseError::ChunkedNotFinal)
-        } else {
-            Ok(Some(BodyKind::Eof))
+        if request && !te.last_is_chunked {
+            return Err(ParseError::ChunkedNotFinal);
         }
+        // gzip/deflate/compress as *transfer* codings: the proxy strips Transfer-Encoding (hop-by-hop) and
+        // re-frames, so forwarding such a body would silently drop a coding. Refuse instead (requests: 501;
+        // responses: this also covers RFC 9112 §6.3 rule 4's read-to-close case, see docs/http-conformance.md).
+        if te.elements > te.chunked {
+            return Err(ParseError::UnsupportedTransferCoding);
+        }
+        Ok(Some(BodyKind::Chunked))
     }
 
     /// Request framing: Chunked, Length, or Empty when no framing field is present (RFC 9112 §6.3 rule 6).
