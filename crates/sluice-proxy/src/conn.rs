@@ -216,7 +216,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 }
             }
         }
-        let hash_key = hash_key(up, &view);
+        let consumer = pctx.as_ref().and_then(|c| c.consumer.clone());
+        let hash_key = hash_key(up, &view, consumer.as_deref().map(|c| c.username.as_str()));
         let host = view.host.as_deref();
 
         let retries = up
@@ -674,18 +675,24 @@ fn idempotent(head: &RequestHead) -> bool {
     )
 }
 
-fn hash_key<'a>(up: &UpstreamRt, view: &'a ReqView<'_>) -> Option<std::borrow::Cow<'a, [u8]>> {
+/// The chash key. As APISIX, a missing value (no such header, no consumer) falls back to the client address.
+fn hash_key<'a>(
+    up: &UpstreamRt,
+    view: &'a ReqView<'_>,
+    consumer: Option<&'a str>,
+) -> Option<std::borrow::Cow<'a, [u8]>> {
     use std::borrow::Cow;
     if up.balancer.kind() != sluice_upstream::LbKind::Chash {
         return None;
     }
-    match &up.hash_on {
+    let key = match &up.hash_on {
         HashOn::Var(v) => view.var(v).map(|c| match c {
             Cow::Borrowed(s) => Cow::Borrowed(s.as_bytes()),
             Cow::Owned(s) => Cow::Owned(s.into_bytes()),
         }),
         HashOn::Header(h) => view.head.header(h).map(Cow::Borrowed),
         HashOn::Cookie(c) => view.cookie(c).map(|s| Cow::Borrowed(s.as_bytes())),
-        HashOn::Consumer => Some(Cow::Owned(view.remote_addr().to_string().into_bytes())),
-    }
+        HashOn::Consumer => consumer.map(|c| Cow::Borrowed(c.as_bytes())),
+    };
+    key.or_else(|| Some(Cow::Owned(view.remote_addr().to_string().into_bytes())))
 }

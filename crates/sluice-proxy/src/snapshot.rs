@@ -63,7 +63,7 @@ pub(crate) enum HashOn {
     Var(Var),
     Header(Box<str>),
     Cookie(Box<str>),
-    /// Not known until the auth plugins land; hashes on the client address until then.
+    /// The consumer an auth plugin identified.
     Consumer,
 }
 
