@@ -54,16 +54,23 @@ fn routes(n: usize) -> Vec<RouteSpec<usize>> {
 }
 
 fn req(path: String) -> Req {
+    req_at(path, "www.example.com")
+}
+
+fn req_at(path: String, host: &str) -> Req {
     Req {
         path,
-        host: Some("www.example.com".into()),
+        host: Some(host.into()),
     }
 }
 
 fn bench(c: &mut Criterion) {
     for n in [1usize, 1_000, 100_000] {
         let router = Router::build(routes(n)).expect("valid routes");
-        let mid = (n / 3) / 2;
+        // A service in the middle whose three routes (3*mid..3*mid+2) carry no host.
+        let mid = n / 60 * 10;
+        // Route 3*mid+9 is the param route of svc{mid+3}, with host svc{mid+3}.example.com.
+        let hosted = mid + 3;
         let cases = [
             (
                 "param_hit",
@@ -77,6 +84,14 @@ fn bench(c: &mut Criterion) {
                 n > 2,
             ),
             (
+                "host_hit",
+                req_at(
+                    format!("/api/v1/svc{hosted}/items/7"),
+                    &format!("svc{hosted}.example.com"),
+                ),
+                n > 10,
+            ),
+            (
                 "miss",
                 req(format!("/api/v1/svc{}/items/1/x", n + 7)),
                 false,
@@ -85,6 +100,9 @@ fn bench(c: &mut Criterion) {
         let mut params = Params::new();
         for (name, r, hit) in &cases {
             assert_eq!(router.find(r, &mut params).is_some(), *hit, "{name} at {n}");
+            if !*hit && *name != "miss" {
+                continue; // too few routes for this case
+            }
             c.bench_function(&format!("find/{name}/{n}"), |b| {
                 b.iter(|| router.find(black_box(r), &mut params).copied())
             });

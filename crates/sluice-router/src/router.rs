@@ -7,16 +7,16 @@
 //! It does not own route payload semantics (`T` is opaque) nor config validation beyond what
 //! matching needs (URIs, hosts, methods, addresses, vars).
 //!
-//! Hot path budget: no allocation (the reversed host lives in a 255-byte stack buffer), no
-//! lock, no hashing; see `benches/match.rs`.
+//! Hot path budget: no allocation (the host is walked back to front, not copied), no lock,
+//! no hashing; see `benches/match.rs`.
 
 use crate::addr::IpSet;
 use crate::expr::Expr;
 use crate::pattern::{Matcher, Pattern};
-use crate::trie::{Slot, Trie};
+use crate::trie::{Slot, Trie, TrieBuilder};
 use crate::{MatchRequest, Params, RouteSpec, RouterError};
 
-/// DNS names are at most 253 bytes; longer Host headers can match no host route.
+/// DNS names are at most 253 bytes; a longer route host is a config error.
 const MAX_HOST: usize = 255;
 
 /// APISIX's method enum (route schema), one bit each.
@@ -48,7 +48,7 @@ struct Candidate {
     matcher: Matcher,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct UriTable {
     trie: Trie,
     buckets: Vec<Box<[Candidate]>>,
@@ -116,12 +116,11 @@ impl<T> Router<T> {
             }
             values.push(spec.value);
         }
-        b.hosts.finish();
         Ok(Router {
             values,
             filters,
             has_host_routes: !b.host_tables.is_empty(),
-            hosts: b.hosts,
+            hosts: b.hosts.finish(),
             host_tables: b
                 .host_tables
                 .into_iter()
@@ -148,13 +147,8 @@ impl<T> Router<T> {
         let path = req.path();
         let method = method_bit(req.method());
         if self.has_host_routes {
-            if let Some(host) = req.host().filter(|h| h.len() <= MAX_HOST) {
-                let mut buf = [0u8; MAX_HOST];
-                let rev = &mut buf[..host.len()];
-                for (d, s) in rev.iter_mut().zip(host.bytes().rev()) {
-                    *d = s;
-                }
-                let hit = self.hosts.lookup(rev, |t, _| {
+            if let Some(host) = req.host() {
+                let hit = self.hosts.lookup_rev(host.as_bytes(), |t, _| {
                     let table = self.host_tables.get(t as usize)?;
                     self.find_in(table, req, path, method, params)
                 });
@@ -277,7 +271,7 @@ struct PendingCandidate {
 
 #[derive(Default)]
 struct TableBuilder {
-    trie: Trie,
+    trie: TrieBuilder,
     buckets: Vec<Vec<PendingCandidate>>,
 }
 
@@ -301,8 +295,7 @@ impl TableBuilder {
         }
     }
 
-    fn finish(mut self) -> UriTable {
-        self.trie.finish();
+    fn finish(self) -> UriTable {
         let buckets = self
             .buckets
             .into_iter()
@@ -320,7 +313,7 @@ impl TableBuilder {
             })
             .collect();
         UriTable {
-            trie: self.trie,
+            trie: self.trie.finish(),
             buckets,
         }
     }
@@ -328,7 +321,7 @@ impl TableBuilder {
 
 #[derive(Default)]
 struct Builder {
-    hosts: Trie,
+    hosts: TrieBuilder,
     host_tables: Vec<TableBuilder>,
     any_host: TableBuilder,
 }
