@@ -4,11 +4,13 @@
 //! This crate does no IO and knows no file format: the store parses YAML/JSON into these types, the proxy compiles
 //! them into runtime structures. Field names and defaults follow APISIX 3.x (`apisix/schema_def.lua`).
 
+mod extra;
 mod merge;
 mod node;
 mod resource;
 pub mod schema;
 
+pub use extra::{ConsumerGroup, Credential, PluginMetadata, Proto, Secret};
 pub use merge::{merge_route_service, EffectiveRoute};
 pub use node::{ListenAddr, NodeConfig, WorkerCount};
 pub use resource::*;
@@ -25,4 +27,14 @@ pub struct Resources {
     pub global_rules: Vec<GlobalRule>,
     pub plugin_configs: Vec<PluginConfig>,
     pub ssls: Vec<Ssl>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<Credential>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub consumer_groups: Vec<ConsumerGroup>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub plugin_metadata: Vec<PluginMetadata>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub protos: Vec<Proto>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<Secret>,
 }

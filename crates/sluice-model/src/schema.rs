@@ -260,7 +260,8 @@ pub fn proto() -> Value {
 
 pub fn secret() -> Value {
     // Secret managers (vault, aws, gcp) each have their own fields; only the metadata is checked here.
-    json!({"type": "object", "properties": with_meta(json!({})), "minProperties": 1})
+    // The id is `{manager}/{id}` (e.g. `vault/1`), so it is not an ordinary id.
+    json!({"type": "object", "properties": with_meta(json!({"id": {"type": "string"}})), "minProperties": 1})
 }
 
 pub fn plugin_metadata() -> Value {
