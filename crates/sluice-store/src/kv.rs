@@ -270,6 +270,53 @@ impl Snapshot {
             &mut r.ssls,
             |x: &mut sluice_model::Ssl, id| x.id = id,
         );
+        fill(
+            self,
+            "consumer_groups",
+            &mut r.consumer_groups,
+            |x: &mut sluice_model::ConsumerGroup, id| x.id = id,
+        );
+        fill(
+            self,
+            "plugin_metadata",
+            &mut r.plugin_metadata,
+            |x: &mut sluice_model::PluginMetadata, id| x.id = id,
+        );
+        fill(
+            self,
+            "protos",
+            &mut r.protos,
+            |x: &mut sluice_model::Proto, id| x.id = id,
+        );
+        // Nested keys: `secrets/{manager}/{id}` and `consumers/{username}/credentials/{id}`.
+        for (key, e) in self.under("secrets/") {
+            let id = &key["secrets/".len()..];
+            match sluice_model::Secret::deserialize(&e.value) {
+                Ok(mut v) => {
+                    v.id = Id(id.to_owned());
+                    r.secrets.push(v);
+                }
+                Err(err) => {
+                    tracing::error!(key, error = %err, "stored secret does not parse; skipped")
+                }
+            }
+        }
+        for (key, e) in self.under("consumers/") {
+            let rest = &key["consumers/".len()..];
+            let Some((user, id)) = rest.split_once("/credentials/") else {
+                continue;
+            };
+            match sluice_model::Credential::deserialize(&e.value) {
+                Ok(mut v) => {
+                    v.id = Id(id.to_owned());
+                    v.consumer = user.to_owned();
+                    r.credentials.push(v);
+                }
+                Err(err) => {
+                    tracing::error!(key, error = %err, "stored credential does not parse; skipped")
+                }
+            }
+        }
         r
     }
 }

@@ -39,6 +39,12 @@ fn list_skips_sub_resources_and_resources_convert() {
             put("consumers/jack", json!({"username": "jack"})),
             put("consumers/jack/credentials/c1", json!({"plugins": {}})),
             put("upstreams/u1", json!({"nodes": {"127.0.0.1:80": 1}})),
+            put(
+                "secrets/vault/1",
+                json!({"uri": "http://v", "prefix": "kv"}),
+            ),
+            put("plugin_metadata/http-logger", json!({"log_format": {}})),
+            put("consumer_groups/g1", json!({"plugins": {}})),
         ],
         1,
     );
@@ -48,4 +54,15 @@ fn list_skips_sub_resources_and_resources_convert() {
     assert_eq!(r.routes.len(), 1, "unparsable route skipped");
     assert_eq!(r.upstreams[0].id.as_ref().map(|i| i.0.as_str()), Some("u1"));
     assert_eq!(r.consumers[0].username, "jack");
+    assert_eq!(
+        (
+            r.credentials[0].consumer.as_str(),
+            r.credentials[0].id.0.as_str()
+        ),
+        ("jack", "c1")
+    );
+    assert_eq!(r.secrets[0].id.0, "vault/1");
+    assert_eq!(r.secrets[0].conf["prefix"], "kv");
+    assert_eq!(r.plugin_metadata[0].id.0, "http-logger");
+    assert_eq!(r.consumer_groups[0].id.0, "g1");
 }
