@@ -102,7 +102,8 @@ fn get(state: &AdminState, req: &Req, t: &Target) -> Reply {
     let label = req.arg("label");
     let mut list: Vec<Value> = Vec::new();
     for (key, e) in snap.under(&t.prefix) {
-        if key[t.prefix.len()..].contains('/') {
+        let depth = key[t.prefix.len()..].matches('/').count();
+        if depth != usize::from(t.kind.name == "secrets") {
             continue;
         }
         let v = &e.value;
@@ -383,6 +384,15 @@ pub(crate) fn target(segs: &[String]) -> Option<Target> {
         });
     }
     let kind = resources::find(first)?;
+    if kind.name == "secrets" {
+        // `/secrets/{manager}/{id}`: the id is both segments, as APISIX keys it.
+        return Some(Target {
+            kind,
+            prefix: "secrets/".into(),
+            id: (rest.len() >= 2).then(|| rest[..2].join("/")),
+            sub_path: rest.get(2..).map(|s| s.join("/")).unwrap_or_default(),
+        });
+    }
     Some(Target {
         kind,
         prefix: format!("{}/", kind.name),

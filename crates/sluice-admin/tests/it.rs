@@ -658,3 +658,80 @@ async fn plugins_and_schema_endpoints() {
     assert_eq!(r.status, 400);
     assert!(r.body["error_msg"].as_str().unwrap().contains("nodes"));
 }
+
+#[tokio::test]
+async fn remaining_resources() {
+    let gw = start("remaining").await;
+    let r = call(
+        &gw,
+        "PUT",
+        "/apisix/admin/consumer_groups/g1",
+        r#"{"plugins": {"limit-count": {"count": 1}}}"#,
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.raw);
+    let r = call(
+        &gw,
+        "PUT",
+        "/apisix/admin/consumers",
+        r#"{"username": "jack", "group_id": "g1"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.raw);
+    let r = call(
+        &gw,
+        "PUT",
+        "/apisix/admin/consumers",
+        r#"{"username": "ann", "group_id": "g9"}"#,
+    )
+    .await;
+    assert_eq!(
+        r.body["error_msg"],
+        "failed to fetch consumer group info by consumer group id [g9], response code: 404"
+    );
+    let r = call(&gw, "DELETE", "/apisix/admin/consumer_groups/g1", "").await;
+    assert_eq!(
+        r.body["error_msg"],
+        "can not delete this consumer group, consumer [jack] is still using it now"
+    );
+    let r = call(
+        &gw,
+        "PUT",
+        "/apisix/admin/secrets/vault/1",
+        r#"{"uri": "http://127.0.0.1:8200", "prefix": "kv/apisix", "token": "t"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.raw);
+    assert_eq!(r.body["key"], "/apisix/secrets/vault/1");
+    let r = call(&gw, "GET", "/apisix/admin/secrets", "").await;
+    assert_eq!(r.body["total"], 1);
+    let r = call(
+        &gw,
+        "PUT",
+        "/apisix/admin/protos/p1",
+        r#"{"content": "syntax = \"proto3\";"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.raw);
+    let r = call(
+        &gw,
+        "PUT",
+        "/apisix/admin/plugin_metadata/limit-count",
+        r#"{"log_format": {}}"#,
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.raw);
+    let r = call(
+        &gw,
+        "POST",
+        "/apisix/admin/global_rules",
+        r#"{"plugins": {}}"#,
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.body["error_msg"].as_str()),
+        (405, Some("not supported `POST` method for global rule"))
+    );
+    let r = call(&gw, "PUT", "/apisix/admin/ssls/s1", r#"{"sni": "a.com"}"#).await;
+    assert_eq!(r.status, 400);
+}
