@@ -1,5 +1,6 @@
-//! Parse the bench's request and response `N` times (default 100000), for instruction counting:
-//! `perf stat -e instructions:u target/release/examples/parse_loop request 100000` (divide by N; subtract an N=0 run).
+//! Parse the bench's request or response `N` times (default 100000), for instruction counting, e.g.
+//! `valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/examples/parse_loop request 20000`
+//! minus the same with `0`, divided by 20000. Modes: `request`, `response`, `httparse`, `httparse-response`.
 
 use bytes::{BufMut, BytesMut};
 use sluice_http::{parse_request, parse_response, Limits};
