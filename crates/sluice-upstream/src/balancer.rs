@@ -212,6 +212,21 @@ impl Balancer {
             tried,
             health: check_health.then_some(&self.health),
         };
+        if filter.is_open() {
+            // Fast path (first attempt, all healthy): the top group is never empty, so it
+            // answers; dispatched inline to keep the common pick free of call frames.
+            let g = self.groups.first()?;
+            return match &g.algo {
+                Algo::RoundRobin(seq) => seq.pick(&filter, true),
+                Algo::Chash(ring) => {
+                    ring.pick(chash::key_hash(hash_key.unwrap_or_default()), &filter, true)
+                }
+                Algo::LeastConn => {
+                    least_conn::pick(&g.members, &g.weights, &self.stats, &filter, true)
+                }
+                Algo::Ewma => ewma::pick(&g.members, &self.stats, &filter, true),
+            };
+        }
         if let Some(i) = self.pick_filtered(hash_key, &filter) {
             return Some(i);
         }

@@ -105,7 +105,8 @@ pub(super) fn pick(
     Some(if slower(sa, sb) { b } else { a })
 }
 
-/// Draws attempts per candidate before falling back to an exact count of eligible members.
+/// Draws per candidate before falling back to an exact count of eligible members; groups this
+/// small go straight to the count.
 const SAMPLE_TRIES: usize = 8;
 
 /// Two distinct, uniformly drawn eligible members: rejection sampling (O(1) while most members
@@ -118,9 +119,12 @@ fn sample_pair(members: &[u32], f: &Filter<'_>) -> Result<(usize, usize), Option
             .map(|_| members[rand_below(n)] as usize)
             .find(|&i| Some(i) != skip && f.allows(i))
     };
-    if let Some(a) = draw(None) {
-        if let Some(b) = draw(Some(a)) {
-            return Ok((a, b));
+    // Small groups: an exact count is as cheap as a few failed draws.
+    if n > SAMPLE_TRIES {
+        if let Some(a) = draw(None) {
+            if let Some(b) = draw(Some(a)) {
+                return Ok((a, b));
+            }
         }
     }
     let eligible = || members.iter().map(|&i| i as usize).filter(|&i| f.allows(i));

@@ -20,8 +20,9 @@ pub(super) fn pick(
     open: bool,
 ) -> Option<usize> {
     let r = rand_u64() as u32;
-    // (index, load = active + 1, weight) of the best node so far.
-    let mut best: Option<(u32, u64, u64)> = None;
+    // Best so far: index, load = active + 1, weight, tie-break key. Starts at an infinite
+    // score (load 1 / weight 0) that any real node (weight > 0) beats.
+    let (mut best, mut bl, mut bw, mut bkey) = (None, 1u64, 0u64, 0u32);
     for (&i, &w) in members.iter().zip(weights) {
         if !open && !f.allows(i as usize) {
             continue;
@@ -31,15 +32,16 @@ pub(super) fn pick(
         };
         let load = u64::from(s.active.load(Ordering::Relaxed)) + 1;
         let weight = u64::from(w);
-        let Some((b, bl, bw)) = best else {
-            best = Some((i, load, weight));
-            continue;
-        };
         // Compare load/weight with bl/bw without division.
         let (lhs, rhs) = (load * bw, bl * weight);
-        if lhs < rhs || (lhs == rhs && mix32(i ^ r) < mix32(b ^ r)) {
-            best = Some((i, load, weight));
+        if lhs < rhs {
+            (best, bl, bw, bkey) = (Some(i), load, weight, mix32(i ^ r));
+        } else if lhs == rhs {
+            let key = mix32(i ^ r);
+            if key < bkey {
+                (best, bl, bw, bkey) = (Some(i), load, weight, key);
+            }
         }
     }
-    best.map(|(i, _, _)| i as usize)
+    best.map(|i| i as usize)
 }
