@@ -581,3 +581,44 @@ fn request_end_at_uses_the_callers_clock() {
     let expected = 0.030 * w + 0.130 * (1.0 - w);
     assert!((got - expected).abs() < 1e-3, "{got} vs {expected}");
 }
+
+#[test]
+fn concurrent_picks_while_health_flaps() {
+    for kind in ALL {
+        let b = Arc::new(Balancer::new(kind, nodes(&[1, 0, 2, 3])));
+        let flapper = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                for k in 0..2000 {
+                    b.health().set_healthy(k % 4, k % 3 == 0);
+                }
+            })
+        };
+        let pickers: Vec<_> = (0..2)
+            .map(|_| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    for k in 0..5000u32 {
+                        let i = b
+                            .pick(Some(&k.to_le_bytes()), &Tried::new())
+                            .expect("a node");
+                        assert!(i < 4 && i != 1, "weight-0 or out-of-range node {i}");
+                        b.on_request_start(i);
+                        b.on_request_end(i, Duration::from_micros(50), true);
+                    }
+                })
+            })
+            .collect();
+        flapper.join().expect("flapper");
+        for p in pickers {
+            p.join().expect("picker");
+        }
+        let unhealthy = b.health().snapshot().iter().filter(|s| !s.healthy).count();
+        assert_eq!(
+            b.health().unhealthy_count(),
+            unhealthy,
+            "{kind:?}: count in step with states"
+        );
+        assert!((0..4).all(|i| b.active(i) == 0), "{kind:?}");
+    }
+}
