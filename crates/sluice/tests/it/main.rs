@@ -1,0 +1,13 @@
+//! Sluice's integration suite (issue 2's "Done when"): every routing rule, each balancer's distribution, retries,
+//! timeouts, keep-alive reuse, chunked and large streamed bodies, live reload of apisix.yaml under load, graceful
+//! shutdown and the seed scenario, all over real sockets on 127.0.0.1. In-process gateways for most tests, the
+//! real `sluice` binary for reload, shutdown and the seed. Benchmarks are not here (sluice-bench owns them).
+
+mod balancer;
+mod bodies;
+mod proxy;
+mod reload;
+mod routing;
+mod seed;
+mod shutdown;
+mod support;

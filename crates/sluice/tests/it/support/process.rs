@@ -1,0 +1,181 @@
+//! The real `sluice` binary as a child process: a temp conf dir with config.yaml and apisix.yaml, `sluice start`
+//! on a free 127.0.0.1 port, atomic rewrites of apisix.yaml, SIGTERM via `kill(1)` (the workspace forbids `unsafe`,
+//! so no libc call). Also `sluice mock` as a child origin. Children are killed (by their own pid) on drop.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "sluice-it-{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("temp dir");
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits (bounded) until something accepts on `addr`.
+async fn wait_listening(addr: SocketAddr, child: &mut Child) -> Result<(), String> {
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(format!("exited early: {st}"));
+        }
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err("not listening after 10 s".into())
+}
+
+pub struct Sluice {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub dir: TempDir,
+}
+
+impl Sluice {
+    /// Starts `sluice start -c DIR/config.yaml` with `apisix_yaml` (must end with `#END`); retries once on a lost
+    /// port race.
+    pub async fn start(apisix_yaml: &str, workers: usize) -> Sluice {
+        let dir = TempDir::new("gw");
+        std::fs::write(dir.0.join("apisix.yaml"), apisix_yaml).expect("write apisix.yaml");
+        let mut last = String::new();
+        for _ in 0..2 {
+            let port = free_port();
+            let cfg = format!(
+                "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n\
+                 nginx_config:\n  worker_processes: {workers}\n\
+                 deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
+                 sluice:\n  config_poll_interval: 0.1\n  graceful_shutdown_timeout: 5\n"
+            );
+            std::fs::write(dir.0.join("config.yaml"), cfg).expect("write config.yaml");
+            let mut child = Command::new(BIN)
+                .arg("start")
+                .arg("-c")
+                .arg(dir.0.join("config.yaml"))
+                .env("SLUICE_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn sluice");
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            match wait_listening(addr, &mut child).await {
+                Ok(()) => return Sluice { child, addr, dir },
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    last = e;
+                }
+            }
+        }
+        panic!("sluice start failed twice: {last}");
+    }
+
+    /// Replaces apisix.yaml atomically (write a temp file, rename over).
+    pub fn write_config(&self, apisix_yaml: &str) {
+        let tmp = self.dir.0.join("apisix.yaml.tmp");
+        std::fs::write(&tmp, apisix_yaml).expect("write temp apisix.yaml");
+        std::fs::rename(&tmp, self.dir.0.join("apisix.yaml")).expect("rename apisix.yaml");
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM with kill(1).
+    pub fn sigterm(&self) {
+        let st = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(st.success(), "kill -TERM failed");
+    }
+
+    /// Waits (bounded) for the process to exit.
+    pub async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let end = Instant::now() + within;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                return st;
+            }
+            assert!(
+                Instant::now() < end,
+                "sluice did not exit within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `sluice mock` as a child origin.
+pub struct Mock {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Mock {
+    pub async fn start(body_size: usize) -> Mock {
+        let mut last = String::new();
+        for _ in 0..2 {
+            let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+            let mut child = Command::new(BIN)
+                .args(["mock", "--listen", &addr.to_string(), "--body-size"])
+                .arg(body_size.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn sluice mock");
+            match wait_listening(addr, &mut child).await {
+                Ok(()) => return Mock { child, addr },
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    last = e;
+                }
+            }
+        }
+        panic!("sluice mock failed twice: {last}");
+    }
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
