@@ -52,7 +52,7 @@ fn one(ctx: &Ctx, s: &Scenario, kind: TargetKind, mock: &Mock) -> Result<RunResu
     let dir = ctx.work.join(format!("callgrind-{}", kind.name()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let out = dir.join("callgrind.out");
-    let t = start_target(ctx, s, kind, mock.addr, Some(&out))?;
+    let t = start_target(ctx, s, kind, mock.addr, Some(&out), "callgrind")?;
     let pid = t
         .proc
         .as_ref()

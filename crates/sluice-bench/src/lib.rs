@@ -170,6 +170,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         peers: !args.no_peers,
         ready_timeout: args.ready_timeout,
         h2c: args.h2c,
+        cores: n,
     };
     let mut progress =
         progress::Progress::new(selected.iter().map(|s| runner::steps(&ctx, s)).sum());

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::drivers::{self, Driver};
 use crate::gateway::{self, PATH};
 use crate::loadgen::{run_load, LoadSpec, Stop};
-use crate::procinfo::{clock_ticks, cores, cpu_ticks_tree, peak_rss_kib_tree};
+use crate::procinfo::{clock_ticks, cpu_ticks_tree, peak_rss_kib_tree};
 use crate::procs::{free_port, installed, wait_ready, Proc, ReadyError};
 use crate::progress::Progress;
 use crate::report::{RunResult, ScenarioReport, TargetResult};
@@ -38,6 +38,8 @@ pub struct Ctx {
     pub peers: bool,
     pub ready_timeout: Duration,
     pub h2c: bool,
+    /// CPUs of the machine, counted before the generator pinned itself.
+    pub cores: usize,
 }
 
 /// The running mock (or a given upstream address).
@@ -106,18 +108,22 @@ pub struct Running {
     pub workers: usize,
 }
 
-fn worker_count(w: Workers) -> usize {
+fn worker_count(ctx: &Ctx, w: Workers) -> usize {
     match w {
         Workers::One => 1,
-        Workers::All => cores(),
+        Workers::All => ctx.cores,
     }
 }
 
-/// Pinning for a gateway-like target: the configured CPUs for one worker, none for all cores.
+/// Pinning for a gateway-like target: the configured CPUs for one worker, every CPU for all
+/// cores (explicitly: an unpinned child would inherit the generator's pinning).
 fn gateway_pin(ctx: &Ctx, s: &Scenario) -> Option<String> {
     match s.workers {
         Workers::One => ctx.pin_gateway.clone(),
-        Workers::All => None,
+        Workers::All => ctx
+            .pin_gateway
+            .as_ref()
+            .map(|_| format!("0-{}", ctx.cores.max(1) - 1)),
     }
 }
 
@@ -128,14 +134,17 @@ pub fn start_target(
     kind: TargetKind,
     upstream: SocketAddr,
     valgrind: Option<&Path>,
+    tag: &str,
 ) -> Result<Running, String> {
     let headers = gateway::request_headers(s);
-    let workers = worker_count(s.workers);
+    let workers = worker_count(ctx, s.workers);
     let keepalive = s.concurrency.max(64);
     let pin = gateway_pin(ctx, s);
+    // One directory per target instance: configs and logs must not be shared between two
+    // instances of the same target (driver-agreement runs two).
     let dir = ctx
         .work
-        .join(format!("{}-{}", kind.name(), sanitize(&s.name)));
+        .join(format!("{}-{}-{tag}", kind.name(), sanitize(&s.name)));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let wrap = |argv: Vec<String>| -> Vec<String> {
         match valgrind {
@@ -406,7 +415,7 @@ pub fn run_scenario(
             progress.advance(ctx.rounds);
             continue;
         }
-        match start_target(ctx, s, *kind, mock.addr, None) {
+        match start_target(ctx, s, *kind, mock.addr, None, driver.name()) {
             Ok(r) => {
                 results.push(TargetResult {
                     target: kind.name().into(),
@@ -424,7 +433,7 @@ pub fn run_scenario(
                 results.push(TargetResult::skipped(
                     kind.name(),
                     driver.name(),
-                    worker_count(s.workers),
+                    worker_count(ctx, s.workers),
                     why,
                 ));
                 progress.advance(ctx.rounds);
