@@ -39,6 +39,8 @@ enum Cmd {
     },
     /// Run a fast mock upstream (HTTP/1.1 keep-alive, fixed body, optional delay).
     Mock(sluice_mock::MockArgs),
+    /// Run the benchmark suite (direct vs Sluice vs nginx/HAProxy) and write a JSON + HTML report.
+    Bench(sluice_bench::BenchArgs),
     /// Print the version.
     Version,
 }
@@ -65,6 +67,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("sluice mock: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Cmd::Bench(args) => match sluice_bench::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluice bench: {e}");
                 ExitCode::FAILURE
             }
         },

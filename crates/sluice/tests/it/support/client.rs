@@ -112,6 +112,16 @@ impl Client {
         self.buf.split().to_vec()
     }
 
+    /// Raw bytes until `end` has arrived (or EOF).
+    pub async fn read_to_eof_or(&mut self, end: &[u8]) -> Vec<u8> {
+        while !self.buf.windows(end.len()).any(|w| w == end) {
+            if self.fill().await == 0 {
+                break;
+            }
+        }
+        self.buf.split().to_vec()
+    }
+
     /// Whether the server closed the connection (EOF or reset) without sending anything more.
     pub async fn is_closed(&mut self) -> bool {
         self.buf.is_empty() && self.fill().await == 0
