@@ -1,17 +1,23 @@
 //! Compiled plugin chains and the runner that walks them. A chain is built once per route per configuration
 //! snapshot; running a phase is a loop over a `Vec` guarded by one bitmask test.
+//!
+//! Consumer plugins follow APISIX's `merge_consumer_route`: once an auth plugin has attached a consumer (during
+//! rewrite), the consumer's own plugins join the chain. Their rewrite hooks run right away; access, before_proxy,
+//! header_filter and log walk both priority-sorted lists in one merge, a consumer plugin replacing the route's
+//! plugin of the same name. The consumer's plugins are compiled once per snapshot (see [`crate::consumers`]), so a
+//! request never compiles or looks up anything by name. Not here: the plugins themselves, the consumer maps.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use serde_json::{Map, Value};
+use sluice_router::expr::Expr;
 
+use crate::consumers::Consumers;
 use crate::registry::{self, Entry};
+pub use crate::shared::Shared;
 use crate::{Ctx, Flow, LogInfo, Phase, PhaseMask, Plugin};
-
-/// State that outlives configuration snapshots: rate-limit counters, metric families, client pools. Created once by
-/// the binary and handed to every compilation, so a reload neither resets a limit nor loses a metric.
-#[derive(Default)]
-pub struct Shared {}
 
 /// What plugins may consult while compiling: the snapshot's consumers, the node's plugin settings and the
 /// long-lived [`Shared`] state.
@@ -20,12 +26,56 @@ pub struct CompileEnv<'a> {
     pub consumers: &'a [sluice_model::Consumer],
     /// `plugin_attr` from config.yaml.
     pub plugin_attr: Option<&'a Map<String, Value>>,
+    /// The consumers compiled once per snapshot (credential maps and consumer chains), built on first use.
+    pub compiled: OnceLock<Result<Arc<Consumers>, String>>,
+}
+
+impl<'a> CompileEnv<'a> {
+    pub fn new(
+        shared: &'a Shared,
+        consumers: &'a [sluice_model::Consumer],
+        plugin_attr: Option<&'a Map<String, Value>>,
+    ) -> Self {
+        CompileEnv {
+            shared,
+            consumers,
+            plugin_attr,
+            compiled: OnceLock::new(),
+        }
+    }
+
+    /// The snapshot's compiled consumers (compiled on the first call).
+    pub fn consumers_rt(&self) -> Result<Arc<Consumers>, String> {
+        self.compiled
+            .get_or_init(|| Consumers::compile(self).map(Arc::new))
+            .clone()
+    }
+}
+
+/// One plugin in a chain with its `_meta` applied.
+struct Slot {
+    plugin: Arc<dyn Plugin>,
+    name: &'static str,
+    priority: i32,
+    /// `_meta.filter`: the plugin runs only for requests matching it.
+    filter: Option<Expr>,
+    /// `_meta.error_response`: replaces the body of any response this plugin answers with.
+    error_response: Option<Bytes>,
+}
+
+impl Slot {
+    fn applies(&self, ctx: &Ctx<'_>) -> bool {
+        self.filter.as_ref().is_none_or(|f| f.eval(ctx))
+    }
 }
 
 pub struct Chain {
-    plugins: Vec<Arc<dyn Plugin>>,
+    slots: Vec<Slot>,
     mask: PhaseMask,
+    id: u64,
 }
+
+static CHAIN_IDS: AtomicU64 = AtomicU64::new(1);
 
 impl Chain {
     /// Compiles a merged `plugins` object. `Ok(None)` when it is empty (or every plugin is `_meta.disable`d), so a
@@ -34,34 +84,73 @@ impl Chain {
         plugins: &Map<String, Value>,
         env: &CompileEnv<'_>,
     ) -> Result<Option<Arc<Chain>>, String> {
-        let mut list: Vec<Arc<dyn Plugin>> = Vec::with_capacity(plugins.len());
+        Self::compile_filtered(plugins, env, false)
+    }
+
+    /// `skip_auth`: leave out auth plugins (a consumer's `key-auth` object is its credential, not a plugin to run).
+    pub(crate) fn compile_filtered(
+        plugins: &Map<String, Value>,
+        env: &CompileEnv<'_>,
+        skip_auth: bool,
+    ) -> Result<Option<Arc<Chain>>, String> {
+        let mut slots: Vec<Slot> = Vec::with_capacity(plugins.len());
         for (name, conf) in plugins {
             let entry: &Entry =
                 registry::find(name).ok_or_else(|| format!("unknown plugin [{name}]"))?;
-            let disabled = conf
-                .get("_meta")
+            if skip_auth && entry.auth {
+                continue;
+            }
+            let meta = conf.get("_meta");
+            let bare = strip_meta(conf);
+            (entry.check)(&bare).map_err(|e| {
+                format!("failed to check the configuration of plugin {name} err: {e}")
+            })?;
+            let disabled = meta
                 .and_then(|m| m.get("disable"))
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
-            (entry.check)(conf).map_err(|e| {
-                format!("failed to check the configuration of plugin {name} err: {e}")
-            })?;
             if disabled {
                 continue;
             }
-            list.push((entry.compile)(conf, env).map_err(|e| format!("plugin {name}: {e}"))?);
+            let priority = match meta.and_then(|m| m.get("priority")) {
+                None => entry.priority,
+                Some(p) => p
+                    .as_i64()
+                    .and_then(|p| i32::try_from(p).ok())
+                    .ok_or_else(|| format!("plugin {name}: _meta.priority must be an integer"))?,
+            };
+            let filter = match meta.and_then(|m| m.get("filter")) {
+                None => None,
+                Some(f) => Some(
+                    Expr::compile(f).map_err(|e| format!("plugin {name}: _meta.filter: {e}"))?,
+                ),
+            };
+            let error_response = match meta.and_then(|m| m.get("error_response")) {
+                None => None,
+                Some(Value::String(s)) => Some(Bytes::from(s.clone())),
+                Some(v) => Some(Bytes::from(v.to_string())),
+            };
+            let plugin = (entry.compile)(&bare, env).map_err(|e| format!("plugin {name}: {e}"))?;
+            slots.push(Slot {
+                plugin,
+                name: entry.name,
+                priority,
+                filter,
+                error_response,
+            });
         }
-        if list.is_empty() {
+        if slots.is_empty() {
             return Ok(None);
         }
         // Higher priority runs first, as in APISIX; a stable sort keeps ties in configuration order.
-        list.sort_by_key(|p| std::cmp::Reverse(p.priority()));
-        let mask = list
+        slots.sort_by_key(|s| std::cmp::Reverse(s.priority));
+        let mask = slots
             .iter()
-            .fold(PhaseMask::default(), |m, p| m.union(p.phases()));
+            .fold(PhaseMask::default(), |m, s| m.union(s.plugin.phases()));
         Ok(Some(Arc::new(Chain {
-            plugins: list,
+            slots,
             mask,
+            id: CHAIN_IDS.fetch_add(1, Ordering::Relaxed),
         })))
     }
 
@@ -70,57 +159,169 @@ impl Chain {
     }
 
     pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
-        self.plugins.iter().map(|p| p.name())
+        self.slots.iter().map(|s| s.name)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.slots.iter().any(|s| s.name == name)
     }
 
     /// Runs rewrite, then access, then before_proxy over all plugins, stopping at the first response.
     pub fn run_request(&self, ctx: &mut Ctx<'_>) -> Flow {
-        for (phase, call) in [
-            (
-                Phase::Rewrite,
-                <dyn Plugin>::rewrite as fn(&dyn Plugin, &mut Ctx<'_>) -> Flow,
-            ),
-            (Phase::Access, <dyn Plugin>::access),
-            (Phase::BeforeProxy, <dyn Plugin>::before_proxy),
-        ] {
-            if !self.mask.has(phase) {
-                continue;
-            }
-            for p in &self.plugins {
-                if p.phases().has(phase) {
-                    if let Flow::Respond(r) = call(p.as_ref(), ctx) {
-                        tracing::debug!(
-                            plugin = p.name(),
-                            status = r.status,
-                            "plugin exits with http status code"
-                        );
-                        return Flow::Respond(r);
+        if self.mask.has(Phase::Rewrite) {
+            for s in &self.slots {
+                if s.plugin.phases().has(Phase::Rewrite) && s.applies(ctx) {
+                    if let Flow::Respond(r) = s.plugin.rewrite(ctx) {
+                        return respond(s, r);
                     }
                 }
+            }
+        }
+        // APISIX merges the consumer's plugins after the rewrite phase and reruns rewrite for them.
+        let consumer = if ctx.merged_by == self.id {
+            ctx.consumer_chain.clone()
+        } else if ctx.merged_by == 0 && ctx.consumer_chain.is_some() {
+            ctx.merged_by = self.id;
+            let cc = ctx.consumer_chain.clone();
+            if let Some(c) = &cc {
+                for s in &c.slots {
+                    if s.plugin.phases().has(Phase::Rewrite) && s.applies(ctx) {
+                        if let Flow::Respond(r) = s.plugin.rewrite(ctx) {
+                            return respond(s, r);
+                        }
+                    }
+                }
+            }
+            cc
+        } else {
+            None
+        };
+        let mask = consumer
+            .as_ref()
+            .map_or(self.mask, |c| self.mask.union(c.mask));
+        for (phase, call) in [
+            (
+                Phase::Access,
+                <dyn Plugin>::access as fn(&dyn Plugin, &mut Ctx<'_>) -> Flow,
+            ),
+            (Phase::BeforeProxy, <dyn Plugin>::before_proxy),
+        ] {
+            if !mask.has(phase) {
+                continue;
+            }
+            let mut out = None;
+            merged(&self.slots, consumer.as_deref(), |s| {
+                if s.plugin.phases().has(phase) && s.applies(ctx) {
+                    if let Flow::Respond(r) = call(s.plugin.as_ref(), ctx) {
+                        out = Some(respond(s, r));
+                        return false;
+                    }
+                }
+                true
+            });
+            if let Some(f) = out {
+                return f;
             }
         }
         Flow::Continue
     }
 
+    fn consumer_for(&self, ctx: &Ctx<'_>) -> Option<Arc<Chain>> {
+        (ctx.merged_by == self.id)
+            .then(|| ctx.consumer_chain.clone())
+            .flatten()
+    }
+
     pub fn header_filter(&self, ctx: &mut Ctx<'_>, status: u16) {
-        if !self.mask.has(Phase::HeaderFilter) {
+        let consumer = self.consumer_for(ctx);
+        let mask = consumer
+            .as_ref()
+            .map_or(self.mask, |c| self.mask.union(c.mask));
+        if !mask.has(Phase::HeaderFilter) {
             return;
         }
-        for p in &self.plugins {
-            if p.phases().has(Phase::HeaderFilter) {
-                p.header_filter(ctx, status);
+        merged(&self.slots, consumer.as_deref(), |s| {
+            if s.plugin.phases().has(Phase::HeaderFilter) && s.applies(ctx) {
+                s.plugin.header_filter(ctx, status);
             }
-        }
+            true
+        });
     }
 
     pub fn log(&self, ctx: &Ctx<'_>, info: &LogInfo) {
-        if !self.mask.has(Phase::Log) {
+        let consumer = self.consumer_for(ctx);
+        let mask = consumer
+            .as_ref()
+            .map_or(self.mask, |c| self.mask.union(c.mask));
+        if !mask.has(Phase::Log) {
             return;
         }
-        for p in &self.plugins {
-            if p.phases().has(Phase::Log) {
-                p.log(ctx, info);
+        merged(&self.slots, consumer.as_deref(), |s| {
+            if s.plugin.phases().has(Phase::Log) && s.applies(ctx) {
+                s.plugin.log(ctx, info);
+            }
+            true
+        });
+    }
+}
+
+/// Applies `_meta.error_response` to a plugin's own response.
+fn respond(s: &Slot, mut r: crate::Response) -> Flow {
+    tracing::debug!(
+        plugin = s.name,
+        status = r.status,
+        "plugin exits with http status code"
+    );
+    if let Some(body) = &s.error_response {
+        r.body = body.clone();
+    }
+    Flow::Respond(r)
+}
+
+/// Walks `route` and `consumer` slots in priority order; a consumer plugin replaces the route's of the same name.
+/// `f` returns false to stop.
+fn merged(route: &[Slot], consumer: Option<&Chain>, mut f: impl FnMut(&Slot) -> bool) {
+    let Some(c) = consumer else {
+        for s in route {
+            if !f(s) {
+                return;
             }
         }
+        return;
+    };
+    let (mut i, mut j) = (0, 0);
+    let cs = &c.slots;
+    while i < route.len() || j < cs.len() {
+        let take_route = match (route.get(i), cs.get(j)) {
+            (Some(r), Some(k)) => r.priority >= k.priority,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        let s = if take_route {
+            i += 1;
+            let s = &route[i - 1];
+            if c.has(s.name) {
+                continue;
+            }
+            s
+        } else {
+            j += 1;
+            &cs[j - 1]
+        };
+        if !f(s) {
+            return;
+        }
+    }
+}
+
+/// The configuration without `_meta`, which plugin schemas (with `additionalProperties: false`) do not list.
+fn strip_meta(conf: &Value) -> Value {
+    match conf {
+        Value::Object(m) if m.contains_key("_meta") => {
+            let mut m = m.clone();
+            m.remove("_meta");
+            Value::Object(m)
+        }
+        other => other.clone(),
     }
 }

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::ReqView;
+use sluice_router::{MatchRequest, Var};
+
+use crate::{Chain, ReqView};
 
 /// Changes to the request before it goes upstream. Header names are matched case-insensitively.
 #[derive(Debug, Default, Clone)]
@@ -77,6 +79,14 @@ pub struct Ctx<'a> {
     pub consumer: Option<Arc<sluice_model::Consumer>>,
     pub edits: Edits,
     pub resp: RespEdits,
+    /// The consumer's own plugins, merged into the route's chain once an auth plugin has identified it.
+    pub(crate) consumer_chain: Option<Arc<Chain>>,
+    /// Id of the chain that merged the consumer's plugins (it runs them in header_filter and log).
+    pub(crate) merged_by: u64,
+    /// Per-request variables plugins publish for later ones (`request_id`, ...).
+    pub(crate) vars: Vec<(&'static str, Box<str>)>,
+    /// Held limit-conn slots: released when the request context is dropped, whatever way the request ends.
+    pub(crate) held: Vec<crate::limit_conn::Held>,
 }
 
 impl<'a> Ctx<'a> {
@@ -87,7 +97,44 @@ impl<'a> Ctx<'a> {
             consumer: None,
             edits: Edits::default(),
             resp: RespEdits::default(),
+            consumer_chain: None,
+            merged_by: 0,
+            vars: Vec::new(),
+            held: Vec::new(),
         }
+    }
+
+    /// The consumer's name, once an auth plugin has identified one.
+    pub fn consumer_name(&self) -> Option<&str> {
+        self.consumer.as_deref().map(|c| c.username.as_str())
+    }
+
+    /// Sets a per-request variable (replacing an earlier value).
+    pub fn set_var(&mut self, name: &'static str, value: impl Into<Box<str>>) {
+        let value = value.into();
+        match self.vars.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.vars.push((name, value)),
+        }
+    }
+
+    /// An APISIX variable: the request's (`remote_addr`, `http_x`, `arg_y`, ...) plus the ones plugins and the
+    /// context know (`consumer_name`, `route_id`, `request_id`, ...).
+    pub fn var(&self, var: &Var) -> Option<std::borrow::Cow<'_, str>> {
+        use std::borrow::Cow;
+        if let Var::Other(name) = var {
+            match name.as_ref() {
+                "consumer_name" => return self.consumer_name().map(Cow::Borrowed),
+                "route_id" => return Some(Cow::Borrowed(self.route_id)),
+                "request_uri" => return Some(Cow::Borrowed(self.req.head.target_str())),
+                other => {
+                    if let Some((_, v)) = self.vars.iter().find(|(n, _)| *n == other) {
+                        return Some(Cow::Borrowed(v));
+                    }
+                }
+            }
+        }
+        self.req.var(var)
     }
 }
 
@@ -102,4 +149,29 @@ pub struct LogInfo {
     /// Time the upstream took (connect through response head), when one was contacted.
     pub upstream_latency: Option<Duration>,
     pub upstream_addr: Option<SocketAddr>,
+}
+
+/// Lets `_meta.filter` expressions see the context's variables (`consumer_name`, ...), not only the request's.
+impl MatchRequest for Ctx<'_> {
+    fn path(&self) -> &str {
+        self.req.path()
+    }
+    fn host(&self) -> Option<&str> {
+        MatchRequest::host(self.req)
+    }
+    fn method(&self) -> &str {
+        self.req.method()
+    }
+    fn remote_addr(&self) -> std::net::IpAddr {
+        self.req.remote_addr()
+    }
+    fn var(&self, var: &Var) -> Option<std::borrow::Cow<'_, str>> {
+        Ctx::var(self, var)
+    }
+    fn var_has(&self, var: &Var, item: &str) -> bool {
+        match var {
+            Var::Other(_) => Ctx::var(self, var).as_deref() == Some(item),
+            _ => self.req.var_has(var, item),
+        }
+    }
 }

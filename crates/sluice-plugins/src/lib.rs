@@ -11,13 +11,24 @@
 //! and must not block. Only the runner writes responses.
 
 mod chain;
+pub mod consumers;
+mod counters;
 mod ctx;
 mod ctx_view;
 pub mod registry;
+mod shared;
+mod util;
+
+mod key_auth;
+mod limit_conn;
+mod limit_count;
+mod limit_req;
+pub mod prometheus;
 
 pub use chain::{Chain, CompileEnv, Shared};
 pub use ctx::{Ctx, Edits, LogInfo, RespEdits};
 pub use ctx_view::ReqView;
+pub use prometheus::serve_metrics;
 
 use bytes::Bytes;
 

@@ -7,17 +7,28 @@ use serde_json::Value;
 
 use crate::{CompileEnv, Plugin};
 
+/// Builds a plugin instance from a checked configuration.
+pub type CompileFn = fn(&Value, &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String>;
+
 pub struct Entry {
     pub name: &'static str,
     pub priority: i32,
+    /// An auth plugin (APISIX `type = 'auth'`): its object in a consumer is a credential, not a plugin to run.
+    pub auth: bool,
     /// The plugin's JSON schema (served by the Admin API's schema endpoints).
     pub schema: fn() -> Value,
     /// Validates a configuration: schema plus cross-field rules, with APISIX's error text.
     pub check: fn(&Value) -> Result<(), String>,
-    pub compile: fn(&Value, &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String>,
+    pub compile: CompileFn,
 }
 
-pub static REGISTRY: &[Entry] = &[];
+pub static REGISTRY: &[Entry] = &[
+    crate::key_auth::ENTRY,
+    crate::limit_conn::ENTRY,
+    crate::limit_count::ENTRY,
+    crate::limit_req::ENTRY,
+    crate::prometheus::ENTRY,
+];
 
 pub fn find(name: &str) -> Option<&'static Entry> {
     REGISTRY.iter().find(|e| e.name == name)
@@ -41,5 +52,12 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), REGISTRY.len());
+    }
+
+    #[test]
+    fn every_schema_is_an_object_schema() {
+        for e in REGISTRY {
+            assert_eq!((e.schema)()["type"], "object", "{}", e.name);
+        }
     }
 }

@@ -130,11 +130,7 @@ impl Snapshot {
             shared_ups.insert(id, Arc::new(rt));
         }
 
-        let env = CompileEnv {
-            shared,
-            consumers: &res.consumers,
-            plugin_attr: None,
-        };
+        let env = CompileEnv::new(shared, &res.consumers, None);
         let mut global_plugins = serde_json::Map::new();
         for g in &res.global_rules {
             global_plugins.extend(g.plugins.iter().map(|(k, v)| (k.clone(), v.clone())));

@@ -1,0 +1,174 @@
+//! limit-count (priority 1002, access): a fixed window of `count` requests per `time_window` seconds per key.
+//! Keys follow APISIX: `key_type` var / var_combination / constant, falling back to the client address; windows
+//! are scoped per route and configuration unless a `group` shares them. Policy `local` counts exactly across
+//! every worker thread ([`crate::counters::WindowStore`]); the windows live in [`crate::Shared`], so a reload
+//! that keeps a route's configuration keeps its counts. Policies `redis` / `redis-cluster` are rejected at
+//! compile time (not implemented yet).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::counters::{key_hash, WindowStore, MAX_COUNT};
+use crate::registry::Entry;
+use crate::util::{parse, reject, LimitKey};
+use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin};
+
+pub const NAME: &str = "limit-count";
+pub const PRIORITY: i32 = 1002;
+
+pub(crate) const ENTRY: Entry = Entry {
+    name: NAME,
+    priority: PRIORITY,
+    auth: false,
+    schema,
+    check,
+    compile,
+};
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "count": {"type": "integer", "exclusiveMinimum": 0},
+            "time_window": {"type": "integer", "exclusiveMinimum": 0},
+            "group": {"type": "string"},
+            "key": {"type": "string", "default": "remote_addr"},
+            "key_type": {"type": "string", "enum": ["var", "var_combination", "constant"], "default": "var"},
+            "rejected_code": {"type": "integer", "minimum": 200, "maximum": 599, "default": 503},
+            "rejected_msg": {"type": "string", "minLength": 1},
+            "policy": {"type": "string", "enum": ["local", "redis", "redis-cluster"], "default": "local"},
+            "allow_degradation": {"type": "boolean", "default": false},
+            "show_limit_quota_header": {"type": "boolean", "default": true}
+        },
+        "required": ["count", "time_window"]
+    })
+}
+
+#[derive(Deserialize)]
+struct Conf {
+    count: u64,
+    time_window: u64,
+    group: Option<String>,
+    #[serde(default = "remote_addr")]
+    key: String,
+    #[serde(default = "var")]
+    key_type: String,
+    #[serde(default = "code503")]
+    rejected_code: u16,
+    rejected_msg: Option<String>,
+    #[serde(default = "local")]
+    policy: String,
+    #[serde(default = "yes")]
+    show_limit_quota_header: bool,
+}
+
+pub(crate) fn remote_addr() -> String {
+    "remote_addr".into()
+}
+pub(crate) fn var() -> String {
+    "var".into()
+}
+pub(crate) fn code503() -> u16 {
+    503
+}
+fn local() -> String {
+    "local".into()
+}
+pub(crate) fn yes() -> bool {
+    true
+}
+
+fn check(v: &Value) -> Result<(), String> {
+    let c: Conf = parse(&schema(), v)?;
+    if c.count > MAX_COUNT {
+        return Err(format!("count above {MAX_COUNT} is not supported"));
+    }
+    Ok(())
+}
+
+struct LimitCount {
+    count: u64,
+    window_ms: u64,
+    key: LimitKey,
+    /// The window scope: the group, or this configuration (the route id is added per request).
+    scope: u64,
+    grouped: bool,
+    rejected_code: u16,
+    rejected_msg: Option<String>,
+    show_headers: bool,
+    limit_header: Bytes,
+    windows: Arc<WindowStore>,
+}
+
+fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
+    let c: Conf = parse(&schema(), v)?;
+    if c.policy != "local" {
+        return Err(format!("policy {} is not supported yet", c.policy));
+    }
+    let scope = match &c.group {
+        Some(g) => key_hash(("group", g)),
+        None => key_hash(("conf", v.to_string())),
+    };
+    Ok(Arc::new(LimitCount {
+        count: c.count,
+        window_ms: c.time_window * 1000,
+        key: LimitKey::compile(&c.key_type, &c.key)?,
+        scope,
+        grouped: c.group.is_some(),
+        rejected_code: c.rejected_code,
+        rejected_msg: c.rejected_msg,
+        show_headers: c.show_limit_quota_header,
+        limit_header: Bytes::from(c.count.to_string()),
+        windows: env.shared.windows.clone(),
+    }))
+}
+
+impl Plugin for LimitCount {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+    fn priority(&self) -> i32 {
+        PRIORITY
+    }
+    fn phases(&self) -> PhaseMask {
+        PhaseMask::of(&[Phase::Access])
+    }
+    fn access(&self, ctx: &mut Ctx<'_>) -> Flow {
+        let key = self.key.resolve(ctx);
+        let k = if self.grouped {
+            key_hash((self.scope, &*key))
+        } else {
+            key_hash((self.scope, ctx.route_id, &*key))
+        };
+        let q = self.windows.incoming(k, self.count, self.window_ms, 1);
+        if self.show_headers {
+            let mut n = itoa(q.remaining);
+            let set = &mut ctx.resp.set_headers;
+            set.push((
+                Bytes::from_static(b"X-RateLimit-Limit"),
+                self.limit_header.clone(),
+            ));
+            set.push((
+                Bytes::from_static(b"X-RateLimit-Remaining"),
+                Bytes::copy_from_slice(n.as_bytes()),
+            ));
+            n = itoa(q.reset);
+            set.push((
+                Bytes::from_static(b"X-RateLimit-Reset"),
+                Bytes::copy_from_slice(n.as_bytes()),
+            ));
+        }
+        if q.allowed {
+            Flow::Continue
+        } else {
+            Flow::Respond(reject(self.rejected_code, self.rejected_msg.as_deref()))
+        }
+    }
+}
+
+fn itoa(n: u64) -> String {
+    n.to_string()
+}

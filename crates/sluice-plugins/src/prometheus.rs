@@ -1,0 +1,278 @@
+//! prometheus (priority 500, log): APISIX's metrics, recorded in the log phase and served by
+//! [`serve_metrics`] (`/apisix/prometheus/metrics`, 127.0.0.1:9091 by default, wired by the binary).
+//!
+//! Per request: one probe in a thread-local cache of series handles, then relaxed atomic adds on that series
+//! (status count, three latency histograms, two byte counters). The registry's lock is only taken when a thread
+//! meets a label set for the first time. Cardinality is bounded: past [`MAX_SERIES`] label sets, new ones fold
+//! into one overflow series per status code. Labels that Sluice cannot know per request (`service`,
+//! `matched_uri`, `matched_host`) are exported empty.
+
+mod export;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+pub use export::serve_metrics;
+
+use crate::registry::Entry;
+use crate::{CompileEnv, Ctx, LogInfo, Phase, PhaseMask, Plugin};
+
+pub const NAME: &str = "prometheus";
+pub const PRIORITY: i32 = 500;
+
+/// Label sets kept before new ones fold into the overflow series.
+pub const MAX_SERIES: usize = 10_000;
+
+/// APISIX's default latency buckets, in milliseconds.
+pub const DEFAULT_BUCKETS: [f64; 15] = [
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 30000.0,
+    60000.0,
+];
+
+pub(crate) const ENTRY: Entry = Entry {
+    name: NAME,
+    priority: PRIORITY,
+    auth: false,
+    schema,
+    check,
+    compile,
+};
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"prefer_name": {"type": "boolean", "default": false}}
+    })
+}
+
+#[derive(Deserialize)]
+struct Conf {}
+
+fn check(v: &Value) -> Result<(), String> {
+    crate::util::parse::<Conf>(&schema(), v).map(drop)
+}
+
+/// Gauges only the binary knows (nginx `stub_status`'s counterparts).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConnStats {
+    pub active: u64,
+    pub accepted: u64,
+    pub handled: u64,
+    pub reading: u64,
+    pub writing: u64,
+    pub waiting: u64,
+}
+
+type ConnSource = Box<dyn Fn() -> ConnStats + Send + Sync>;
+type TextSource = Box<dyn Fn(&mut String) + Send + Sync>;
+
+/// The label set of one series.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Labels {
+    pub route: Box<str>,
+    pub consumer: Box<str>,
+    pub node: Box<str>,
+    pub code: u16,
+}
+
+pub(crate) struct Hist {
+    pub buckets: Box<[AtomicU64]>,
+    /// Sum in microseconds.
+    pub sum_us: AtomicU64,
+    pub count: AtomicU64,
+}
+
+impl Hist {
+    fn new(n: usize) -> Hist {
+        Hist {
+            buckets: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            sum_us: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+    fn observe(&self, bounds: &[f64], us: u64) {
+        let ms = us as f64 / 1000.0;
+        // Non-cumulative storage; the exporter accumulates.
+        let i = bounds.iter().position(|b| ms <= *b).unwrap_or(bounds.len());
+        if let Some(b) = self.buckets.get(i) {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+pub(crate) struct Series {
+    pub status: AtomicU64,
+    /// request, upstream, apisix.
+    pub latency: [Hist; 3],
+    pub ingress: AtomicU64,
+    pub egress: AtomicU64,
+}
+
+/// The metric families (kept in [`crate::Shared`], so they survive reloads).
+pub struct Metrics {
+    id: u64,
+    pub(crate) buckets: OnceLock<Arc<[f64]>>,
+    pub(crate) series: RwLock<HashMap<Labels, Arc<Series>>>,
+    pub(crate) requests: AtomicU64,
+    pub(crate) conns: RwLock<Option<ConnSource>>,
+    pub(crate) text: RwLock<Vec<TextSource>>,
+}
+
+static METRICS_IDS: AtomicU64 = AtomicU64::new(1);
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            id: METRICS_IDS.fetch_add(1, Ordering::Relaxed),
+            buckets: OnceLock::new(),
+            series: RwLock::default(),
+            requests: AtomicU64::new(0),
+            conns: RwLock::new(None),
+            text: RwLock::default(),
+        }
+    }
+}
+
+thread_local! {
+    /// (registry id, labels) -> series: a request whose labels this thread has seen takes no lock.
+    static CACHE: RefCell<HashMap<(u64, Labels), Arc<Series>>> = RefCell::new(HashMap::new());
+}
+
+impl Metrics {
+    /// Supplies `apisix_nginx_http_current_connections` / `apisix_http_requests_total` inputs from the proxy.
+    pub fn set_connections_source(&self, f: impl Fn() -> ConnStats + Send + Sync + 'static) {
+        if let Ok(mut g) = self.conns.write() {
+            *g = Some(Box::new(f));
+        }
+    }
+
+    /// Appends exposition text (e.g. `apisix_upstream_status`) produced by the binary at scrape time.
+    pub fn add_text_source(&self, f: impl Fn(&mut String) + Send + Sync + 'static) {
+        if let Ok(mut g) = self.text.write() {
+            g.push(Box::new(f));
+        }
+    }
+
+    fn bounds(&self) -> &[f64] {
+        self.buckets.get_or_init(|| Arc::from(&DEFAULT_BUCKETS[..]))
+    }
+
+    fn series(&self, labels: Labels) -> Arc<Series> {
+        let key = (self.id, labels);
+        if let Some(s) = CACHE.with(|c| c.borrow().get(&key).cloned()) {
+            return s;
+        }
+        let n = self.bounds().len() + 1;
+        let s = {
+            let mut map = match self.series.write() {
+                Ok(m) => m,
+                Err(p) => p.into_inner(),
+            };
+            let mut labels = key.1.clone();
+            if map.len() >= MAX_SERIES && !map.contains_key(&labels) {
+                labels = Labels {
+                    route: "".into(),
+                    consumer: "".into(),
+                    node: "".into(),
+                    code: labels.code,
+                };
+            }
+            map.entry(labels)
+                .or_insert_with(|| {
+                    Arc::new(Series {
+                        status: AtomicU64::new(0),
+                        latency: [Hist::new(n), Hist::new(n), Hist::new(n)],
+                        ingress: AtomicU64::new(0),
+                        egress: AtomicU64::new(0),
+                    })
+                })
+                .clone()
+        };
+        CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.len() >= MAX_SERIES {
+                c.clear();
+            }
+            c.insert(key, s.clone());
+        });
+        s
+    }
+
+    /// Records one finished request.
+    pub(crate) fn record(&self, ctx: &Ctx<'_>, info: &LogInfo) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let node = info
+            .upstream_addr
+            .map(|a| a.ip().to_string())
+            .unwrap_or_default();
+        let s = self.series(Labels {
+            route: ctx.route_id.into(),
+            consumer: ctx.consumer_name().unwrap_or("").into(),
+            node: node.into(),
+            code: info.status,
+        });
+        s.status.fetch_add(1, Ordering::Relaxed);
+        let bounds = self.bounds();
+        let total = info.latency.as_micros() as u64;
+        s.latency[0].observe(bounds, total);
+        if let Some(u) = info.upstream_latency {
+            let u = u.as_micros() as u64;
+            s.latency[1].observe(bounds, u);
+            s.latency[2].observe(bounds, total.saturating_sub(u));
+        } else {
+            s.latency[2].observe(bounds, total);
+        }
+        s.ingress.fetch_add(info.request_bytes, Ordering::Relaxed);
+        s.egress.fetch_add(info.response_bytes, Ordering::Relaxed);
+    }
+
+    /// The exposition text APISIX serves at `/apisix/prometheus/metrics`.
+    pub fn render(&self) -> String {
+        export::render(self)
+    }
+}
+
+struct Prometheus {
+    metrics: Arc<Metrics>,
+}
+
+fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
+    let _: Conf = crate::util::parse(&schema(), v)?;
+    let metrics = env.shared.metrics.clone();
+    // `plugin_attr.prometheus.default_buckets` applies from the first compilation on (a histogram's bounds
+    // cannot change while it has observations).
+    let attr = env
+        .plugin_attr
+        .and_then(|a| a.get("prometheus"))
+        .and_then(|p| p.get("default_buckets"))
+        .and_then(Value::as_array);
+    if let Some(b) = attr {
+        let mut bounds: Vec<f64> = b.iter().filter_map(Value::as_f64).collect();
+        bounds.sort_by(f64::total_cmp);
+        bounds.dedup();
+        let _ = metrics.buckets.set(Arc::from(bounds));
+    }
+    Ok(Arc::new(Prometheus { metrics }))
+}
+
+impl Plugin for Prometheus {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+    fn priority(&self) -> i32 {
+        PRIORITY
+    }
+    fn phases(&self) -> PhaseMask {
+        PhaseMask::of(&[Phase::Log])
+    }
+    fn log(&self, ctx: &Ctx<'_>, info: &LogInfo) {
+        self.metrics.record(ctx, info);
+    }
+}

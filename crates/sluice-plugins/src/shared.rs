@@ -1,0 +1,33 @@
+//! [`Shared`]: plugin state that outlives configuration snapshots. The binary creates one and hands it to every
+//! compilation, so a reload neither resets a rate limit nor loses a metric. It owns the counter stores and metric
+//! registry; the plugins that use them own their semantics.
+
+use std::sync::Arc;
+
+use crate::counters::{BucketStore, ConnStore, WindowStore};
+use crate::prometheus::Metrics;
+
+/// Long-lived plugin state (see the module docs).
+#[derive(Default)]
+pub struct Shared {
+    /// limit-count's fixed windows (policy `local`), shared by every worker thread.
+    pub(crate) windows: Arc<WindowStore>,
+    /// limit-conn's in-flight counts.
+    pub(crate) conns: Arc<ConnStore>,
+    /// limit-req's leaky buckets.
+    pub(crate) buckets: Arc<BucketStore>,
+    /// prometheus' metric families.
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl Shared {
+    /// The Prometheus registry (for the exporter and for the binary's own gauges).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Live limit-count windows (for tests and diagnostics).
+    pub fn limit_count_keys(&self) -> usize {
+        self.windows.len()
+    }
+}

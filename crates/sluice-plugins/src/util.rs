@@ -1,0 +1,168 @@
+//! Helpers the plugins share: schema check plus typed parse, APISIX's variable templates (`$remote_addr $http_x`),
+//! limit keys, and nginx-shaped error pages. Nothing here keeps state.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use sluice_router::Var;
+
+use crate::{Ctx, Response};
+
+/// Validates `v` against `schema` (APISIX error text), then parses it with serde defaults filled in.
+pub(crate) fn parse<T: DeserializeOwned>(schema: &Value, v: &Value) -> Result<T, String> {
+    sluice_model::schema::validate(schema, v)?;
+    serde_json::from_value(v.clone()).map_err(|e| e.to_string())
+}
+
+/// A string with `$var` / `${var}` references (APISIX `core.utils.resolve_var`), compiled once.
+#[derive(Debug, Clone)]
+pub(crate) struct Template {
+    parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone)]
+enum Part {
+    Lit(String),
+    Var(Var),
+}
+
+impl Template {
+    pub(crate) fn compile(s: &str) -> Template {
+        let mut parts = Vec::new();
+        let mut lit = String::new();
+        let b = s.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'$' {
+                let (name, next) = if b.get(i + 1) == Some(&b'{') {
+                    match s[i + 2..].find('}') {
+                        Some(end) => (&s[i + 2..i + 2 + end], i + 3 + end),
+                        None => ("", i + 1),
+                    }
+                } else {
+                    let end = s[i + 1..]
+                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .map_or(s.len(), |e| i + 1 + e);
+                    (&s[i + 1..end], end)
+                };
+                if !name.is_empty() {
+                    if !lit.is_empty() {
+                        parts.push(Part::Lit(std::mem::take(&mut lit)));
+                    }
+                    parts.push(Part::Var(Var::parse(name)));
+                    i = next;
+                    continue;
+                }
+            }
+            let ch = s[i..].chars().next().unwrap_or('$');
+            lit.push(ch);
+            i += ch.len_utf8();
+        }
+        if !lit.is_empty() {
+            parts.push(Part::Lit(lit));
+        }
+        Template { parts }
+    }
+
+    /// The resolved text and how many variables had a value; a missing variable becomes "".
+    pub(crate) fn resolve<'c>(&'c self, ctx: &'c Ctx<'_>) -> (Cow<'c, str>, usize) {
+        if let [Part::Lit(l)] = self.parts.as_slice() {
+            return (Cow::Borrowed(l), 0);
+        }
+        let mut out = String::new();
+        let mut n = 0;
+        for p in &self.parts {
+            match p {
+                Part::Lit(l) => out.push_str(l),
+                Part::Var(v) => {
+                    if let Some(val) = ctx.var(v) {
+                        n += 1;
+                        out.push_str(&val);
+                    }
+                }
+            }
+        }
+        (Cow::Owned(out), n)
+    }
+}
+
+/// limit-count / limit-req / limit-conn's `key_type` + `key`.
+#[derive(Debug, Clone)]
+pub(crate) enum LimitKey {
+    Var(Var),
+    Combination(Template),
+    Constant(String),
+}
+
+impl LimitKey {
+    pub(crate) fn compile(key_type: &str, key: &str) -> Result<LimitKey, String> {
+        Ok(match key_type {
+            "var" => LimitKey::Var(Var::parse(key)),
+            "var_combination" => LimitKey::Combination(Template::compile(key)),
+            "constant" => LimitKey::Constant(key.to_owned()),
+            other => return Err(format!("unknown key_type {other:?}")),
+        })
+    }
+
+    /// The key's value; the client address when it resolves to nothing (as APISIX does).
+    pub(crate) fn resolve<'c>(&'c self, ctx: &'c Ctx<'_>) -> Cow<'c, str> {
+        let v = match self {
+            LimitKey::Var(v) => ctx.var(v).filter(|s| !s.is_empty()),
+            LimitKey::Combination(t) => {
+                let (s, n) = t.resolve(ctx);
+                (n > 0).then_some(s)
+            }
+            LimitKey::Constant(c) => Some(Cow::Borrowed(c.as_str())),
+        };
+        v.unwrap_or_else(|| Cow::Owned(ctx.req.peer.ip().to_string()))
+    }
+}
+
+/// nginx's default error page for `status`, which APISIX serves when a plugin returns a bare status.
+pub(crate) fn error_page(status: u16) -> Response {
+    let reason = match status {
+        503 => "Service Temporarily Unavailable",
+        s => sluice_http::status_reason(s),
+    };
+    let body = format!(
+        "<html>\r\n<head><title>{status} {reason}</title></head>\r\n<body>\r\n<center><h1>{status} {reason}</h1></center>\r\n<hr><center>openresty</center>\r\n</body>\r\n</html>\r\n"
+    );
+    Response {
+        status,
+        headers: vec![(
+            Bytes::from_static(b"Content-Type"),
+            Bytes::from_static(b"text/html; charset=utf-8"),
+        )],
+        body: Bytes::from(body),
+    }
+}
+
+/// APISIX's `return code, {error_msg = msg}` when `msg` is set, else the bare status page.
+pub(crate) fn reject(status: u16, msg: Option<&str>) -> Response {
+    match msg {
+        Some(m) => {
+            let mut r = Response::message(status, m);
+            r.body = Bytes::from(serde_json::json!({ "error_msg": m }).to_string());
+            r
+        }
+        None => error_page(status),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_split_vars_and_literals() {
+        let t = Template::compile("$remote_addr ${http_x}-k $");
+        assert_eq!(t.parts.len(), 4);
+        assert!(matches!(&t.parts[1], Part::Lit(l) if l == " "));
+        assert!(matches!(
+            Template::compile("plain").parts.as_slice(),
+            [Part::Lit(_)]
+        ));
+    }
+}

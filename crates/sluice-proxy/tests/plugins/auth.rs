@@ -1,0 +1,199 @@
+//! key-auth and the consumer merge (APISIX docs/en/latest/plugins/key-auth.md, t/plugin/key-auth.t,
+//! `merge_consumer_route`), plus `_meta`.
+
+use serde_json::json;
+
+use crate::{consumer, route, Gw, Origin};
+
+fn two_consumers(origin: &Origin, route_plugins: serde_json::Value) -> serde_json::Value {
+    json!({
+        "routes": [route("r1", "/hello", origin, route_plugins)],
+        "consumers": [
+            consumer("jack", json!({"key-auth": {"key": "auth-one"}})),
+            consumer("rose", json!({"key-auth": {"key": "auth-two"},
+                                    "limit-count": {"count": 1, "time_window": 60, "rejected_code": 429}})),
+        ]
+    })
+}
+
+#[test]
+fn key_auth_errors_match_apisix() {
+    let o = Origin::start();
+    let gw = Gw::start(two_consumers(&o, json!({"key-auth": {}})));
+    let r = gw.get("/hello", &[]);
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json(), json!({"message": "Missing API key in request"}));
+    assert!(r
+        .header("content-type")
+        .unwrap()
+        .contains("application/json"));
+    let r = gw.get("/hello", &[("apikey", "nope")]);
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json(), json!({"message": "Invalid API key in request"}));
+    assert_eq!(o.count(), 0, "rejected requests never reach the origin");
+}
+
+#[test]
+fn key_auth_header_and_query_reach_origin_unless_hidden() {
+    let o = Origin::start();
+    let gw = Gw::start(two_consumers(&o, json!({"key-auth": {}})));
+    let r = gw.get("/hello", &[("apikey", "auth-one")]);
+    assert_eq!((r.status, r.body.as_str()), (200, "origin"));
+    let seen = o.last();
+    assert_eq!(seen.header("apikey"), Some("auth-one"));
+    assert_eq!(seen.header("x-consumer-username"), Some("jack"));
+    let r = gw.get("/hello?a=1&apikey=auth-one", &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(o.last().target, "/hello?a=1&apikey=auth-one");
+    drop(gw);
+
+    let gw = Gw::start(two_consumers(
+        &o,
+        json!({"key-auth": {"hide_credentials": true}}),
+    ));
+    assert_eq!(gw.get("/hello", &[("apikey", "auth-one")]).status, 200);
+    assert_eq!(o.last().header("apikey"), None);
+    assert_eq!(gw.get("/hello?a=1&apikey=auth-one&b=2", &[]).status, 200);
+    assert_eq!(o.last().target, "/hello?a=1&b=2");
+    assert_eq!(gw.get("/hello?apikey=auth-one", &[]).status, 200);
+    assert_eq!(o.last().target, "/hello");
+}
+
+#[test]
+fn key_auth_custom_header_and_query_names() {
+    let o = Origin::start();
+    let gw = Gw::start(two_consumers(
+        &o,
+        json!({"key-auth": {"header": "Authorization", "query": "auth"}}),
+    ));
+    assert_eq!(
+        gw.get("/hello", &[("Authorization", "auth-one")]).status,
+        200
+    );
+    assert_eq!(gw.get("/hello?auth=auth-two", &[]).status, 200);
+    assert_eq!(gw.get("/hello", &[("apikey", "auth-one")]).status, 401);
+}
+
+#[test]
+fn anonymous_consumer_is_used_without_a_valid_key() {
+    let o = Origin::start();
+    let mut cfg = two_consumers(&o, json!({"key-auth": {"anonymous_consumer": "anon"}}));
+    cfg["consumers"].as_array_mut().unwrap().push(consumer(
+        "anon",
+        json!({"limit-count": {"count": 2, "time_window": 60, "rejected_code": 403}}),
+    ));
+    let gw = Gw::start(cfg);
+    assert_eq!(gw.get("/hello", &[]).status, 200);
+    assert_eq!(o.last().header("x-consumer-username"), Some("anon"));
+    assert_eq!(gw.get("/hello", &[("apikey", "bad")]).status, 200);
+    assert_eq!(
+        gw.get("/hello", &[]).status,
+        403,
+        "the anonymous consumer's own limit applies"
+    );
+    assert_eq!(gw.get("/hello", &[("apikey", "auth-one")]).status, 200);
+    // A missing anonymous consumer fails the compile.
+    assert!(Gw::try_start(two_consumers(
+        &o,
+        json!({"key-auth": {"anonymous_consumer": "ghost"}})
+    ))
+    .is_err());
+}
+
+#[test]
+fn consumer_plugins_merge_after_auth() {
+    let o = Origin::start();
+    let gw = Gw::start(two_consumers(&o, json!({"key-auth": {}})));
+    let r = gw.get("/hello", &[("apikey", "auth-two")]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-ratelimit-limit"), Some("1"));
+    assert_eq!(gw.get("/hello", &[("apikey", "auth-two")]).status, 429);
+    // jack has no limit of his own.
+    for _ in 0..3 {
+        let r = gw.get("/hello", &[("apikey", "auth-one")]);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-ratelimit-limit"), None);
+    }
+}
+
+#[test]
+fn consumer_plugin_replaces_the_routes_plugin_of_the_same_name() {
+    let o = Origin::start();
+    let gw = Gw::start(two_consumers(
+        &o,
+        json!({"key-auth": {}, "limit-count": {"count": 5, "time_window": 60}}),
+    ));
+    assert_eq!(
+        gw.get("/hello", &[("apikey", "auth-two")])
+            .header("x-ratelimit-limit"),
+        Some("1")
+    );
+    assert_eq!(
+        gw.get("/hello", &[("apikey", "auth-one")])
+            .header("x-ratelimit-limit"),
+        Some("5")
+    );
+}
+
+#[test]
+fn key_auth_in_a_global_rule() {
+    let o = Origin::start();
+    let mut cfg = two_consumers(&o, json!({}));
+    cfg["global_rules"] = json!([{"id": "g1", "plugins": {"key-auth": {}}}]);
+    let gw = Gw::start(cfg);
+    assert_eq!(gw.get("/hello", &[]).status, 401);
+    assert_eq!(gw.get("/hello", &[("apikey", "auth-one")]).status, 200);
+    assert_eq!(gw.get("/hello", &[("apikey", "auth-two")]).status, 200);
+    assert_eq!(gw.get("/hello", &[("apikey", "auth-two")]).status, 429);
+}
+
+#[test]
+fn meta_disable_error_response_and_filter() {
+    let o = Origin::start();
+    let gw = Gw::start(two_consumers(
+        &o,
+        json!({"key-auth": {"_meta": {"disable": true}}}),
+    ));
+    assert_eq!(
+        gw.get("/hello", &[]).status,
+        200,
+        "disabled plugin does not run"
+    );
+    drop(gw);
+    let gw = Gw::start(two_consumers(
+        &o,
+        json!({"key-auth": {"_meta": {"error_response": {"message": "go away"}}}}),
+    ));
+    let r = gw.get("/hello", &[]);
+    assert_eq!((r.status, r.json()), (401, json!({"message": "go away"})));
+    drop(gw);
+    let gw = Gw::start(two_consumers(
+        &o,
+        json!({"key-auth": {"_meta": {"filter": [["arg_secure", "==", "1"]]}}}),
+    ));
+    assert_eq!(
+        gw.get("/hello", &[]).status,
+        200,
+        "filter does not match: plugin skipped"
+    );
+    assert_eq!(gw.get("/hello?secure=1", &[]).status, 401);
+}
+
+#[test]
+fn invalid_plugin_configs_fail_the_compile_with_apisix_text() {
+    let o = Origin::start();
+    let e = Gw::try_start(
+        json!({"routes": [route("r1", "/a", &o, json!({"limit-count": {"count": 1}}))]}),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        e.contains("failed to check the configuration of plugin limit-count"),
+        "{e}"
+    );
+    assert!(e.contains("time_window"), "{e}");
+    let e = Gw::try_start(json!({"routes": [route("r1", "/a", &o, json!({"no-such": {}}))]}))
+        .err()
+        .unwrap();
+    assert!(e.contains("unknown plugin [no-such]"), "{e}");
+}
