@@ -18,6 +18,9 @@ fn weighted(kind: &str, nodes: &[(&Origin, u32)]) -> Value {
     json!({"type": kind, "nodes": m})
 }
 
+/// Builds the request for key number `k`.
+type ReqFn = fn(usize) -> String;
+
 async fn tally(c: &mut Client, n: usize, req: impl Fn(usize) -> String) -> HashMap<String, usize> {
     let mut m = HashMap::new();
     for i in 0..n {
@@ -86,7 +89,7 @@ async fn chash_same_key_same_node() {
             {"id": 3, "uri": "/cookie", "upstream": up_cookie},
         ]}));
         let mut c = Client::connect(gw.addr).await;
-        let reqs: [(&str, fn(usize) -> String); 3] = [
+        let reqs: [(&str, ReqFn); 3] = [
             ("arg", |k| {
                 format!("GET /arg?user=u{k} HTTP/1.1\r\nHost: t\r\n\r\n")
             }),

@@ -11,7 +11,7 @@ use crate::support::{t, Client, Origin};
 
 fn version(i: usize, a: &Origin, b: &Origin) -> String {
     // The stable route's upstream alternates between the two origins, so each reload changes what it serves.
-    let stable = if i % 2 == 0 { a } else { b };
+    let stable = if i.is_multiple_of(2) { a } else { b };
     let mut y = format!(
         "routes:\n  - id: stable\n    uri: /stable\n    upstream:\n      type: roundrobin\n      nodes:\n        \"{}\": 1\n",
         stable.addr
@@ -58,7 +58,7 @@ async fn reload_under_load_has_zero_failures() {
             let mut n = 0usize;
             while !stop.load(Ordering::Relaxed) && n < 200_000 {
                 // Half the clients also open fresh connections now and then.
-                if k % 2 == 1 && n % 25 == 0 {
+                if k % 2 == 1 && n.is_multiple_of(25) {
                     c = Client::connect(addr).await;
                 }
                 let r = c.get("/stable").await;
@@ -82,7 +82,7 @@ async fn reload_under_load_has_zero_failures() {
     t(async {
         for i in 1..=12 {
             gw.write_config(&version(i, &a, &b));
-            let want = if i % 2 == 0 { "A" } else { "B" };
+            let want = if i.is_multiple_of(2) { "A" } else { "B" };
             assert!(
                 wait_live(addr, &format!("/v{i}"), None).await,
                 "version {i}: /v{i} never became live"
