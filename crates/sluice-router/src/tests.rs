@@ -436,3 +436,10 @@ fn many_routes_still_resolve_each_one() {
     assert_eq!(r.find(&req("/api/v1/svc1/items/"), &mut p), None);
     assert_eq!(r.find(&req("/static/2000"), &mut p), None);
 }
+
+#[test]
+fn router_is_shareable_across_threads() {
+    fn assert_send_sync<X: Send + Sync>() {}
+    assert_send_sync::<Router<u32>>();
+    assert_send_sync::<Params>();
+}
