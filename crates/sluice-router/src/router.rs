@@ -45,6 +45,10 @@ struct Filter {
 struct Candidate {
     route: u32,
     key_len: u32,
+    /// Copy of the route's method mask, so the common checks need no second lookup.
+    methods: u16,
+    /// Whether the route has `remote_addrs` or `vars` to check in `Router::filters`.
+    filtered: bool,
     matcher: Matcher,
 }
 
@@ -84,7 +88,12 @@ impl<T> Router<T> {
         for (index, spec) in specs.into_iter().enumerate() {
             let err = |reason: String| RouterError { index, reason };
             let route = u32::try_from(index).map_err(|_| err("too many routes".into()))?;
-            filters.push(compile_filter(&spec).map_err(err)?);
+            let filter = compile_filter(&spec).map_err(err)?;
+            let (methods, filtered) = (
+                filter.methods,
+                !filter.addrs.is_empty() || filter.vars.is_some(),
+            );
+            filters.push(filter);
             if spec.uris.is_empty() {
                 return Err(err("missing uri".into()));
             }
@@ -102,6 +111,8 @@ impl<T> Router<T> {
             for (pattern, uri_len) in &patterns {
                 let cand = PendingCandidate {
                     route,
+                    methods,
+                    filtered,
                     priority: spec.priority,
                     uri_len: *uri_len,
                     pattern: pattern.clone(),
@@ -188,12 +199,15 @@ impl<T> Router<T> {
         method: u16,
         params: &mut Params,
     ) -> bool {
+        if c.methods != 0 && c.methods & method == 0 {
+            return false;
+        }
+        if !c.filtered {
+            return c.matcher.matches(path, c.key_len as usize, params);
+        }
         let Some(f) = self.filters.get(c.route as usize) else {
             return false;
         };
-        if f.methods != 0 && f.methods & method == 0 {
-            return false;
-        }
         if !f.addrs.is_empty() && !f.addrs.contains(req.remote_addr()) {
             return false;
         }
@@ -264,6 +278,8 @@ fn compile_host(h: &str) -> Result<HostKey, String> {
 #[derive(Clone)]
 struct PendingCandidate {
     route: u32,
+    methods: u16,
+    filtered: bool,
     priority: i32,
     uri_len: usize,
     pattern: Pattern,
@@ -306,6 +322,8 @@ impl TableBuilder {
                 b.into_iter()
                     .map(|c| Candidate {
                         route: c.route,
+                        methods: c.methods,
+                        filtered: c.filtered,
                         key_len: c.pattern.key.len() as u32,
                         matcher: c.pattern.matcher,
                     })

@@ -443,3 +443,25 @@ fn router_is_shareable_across_threads() {
     assert_send_sync::<Router<u32>>();
     assert_send_sync::<Params>();
 }
+
+#[test]
+fn priority_never_beats_a_longer_prefix_key() {
+    let mut short = spec("/a/*", "short");
+    short.priority = 100;
+    let r = router(vec![short, spec("/a/b/*", "long")]);
+    // Priority only orders candidates of one key; the longer key is always tried first.
+    assert_eq!(find(&r, &req("/a/b/c")), Some("long"));
+    assert_eq!(find(&r, &req("/a/c")), Some("short"));
+}
+
+#[test]
+fn wildcard_host_table_keeps_uri_order() {
+    let mut prefix = spec("/p/*", "prefix");
+    prefix.hosts = vec!["*.t".into()];
+    prefix.priority = 3;
+    let mut exact = spec("/p/x", "exact");
+    exact.hosts = vec!["*.t".into()];
+    let r = router(vec![prefix, exact]);
+    assert_eq!(find(&r, &req("/p/x").host("a.t")), Some("exact"));
+    assert_eq!(find(&r, &req("/p/y").host("a.t")), Some("prefix"));
+}
