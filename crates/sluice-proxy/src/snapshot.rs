@@ -24,6 +24,8 @@ pub struct Snapshot {
     pub(crate) routes: Vec<CompiledRoute>,
     /// Plugins of all global rules, run before every route's own (APISIX `global_rules`).
     pub(crate) global: Option<Arc<Chain>>,
+    /// Upstream runtimes by `u:<id>` (shared upstreams) or `r:<route id>` (inline ones), for the next compile.
+    upstreams: AHashMap<Box<str>, Arc<UpstreamRt>>,
 }
 
 pub(crate) struct CompiledRoute {
@@ -92,6 +94,8 @@ pub(crate) struct UpstreamRt {
     pub retry_timeout: Option<Duration>,
     pub timeouts: Option<Timeouts>,
     pub pool: PoolCfg,
+    /// The configuration this was compiled from: an unchanged upstream keeps its runtime across reloads.
+    source: Upstream,
 }
 
 impl Snapshot {
@@ -102,6 +106,7 @@ impl Snapshot {
                 .unwrap_or_else(|_| unreachable!("an empty router always builds")),
             routes: Vec::new(),
             global: None,
+            upstreams: AHashMap::new(),
         }
     }
 
@@ -120,14 +125,42 @@ impl Snapshot {
         revision: u64,
         shared: &Shared,
     ) -> Result<Snapshot, String> {
+        Self::compile_next(res, revision, shared, None)
+    }
+
+    /// Compiles `res` as the successor of `prev`: an upstream whose configuration did not change keeps its runtime
+    /// (balancer cursor, connection counts, health); a changed one inherits health and latency state by node
+    /// address. A reload therefore neither resets passive health nor skews least_conn.
+    pub fn compile_next(
+        res: &Resources,
+        revision: u64,
+        shared: &Shared,
+        prev: Option<&Snapshot>,
+    ) -> Result<Snapshot, String> {
+        let mut upstreams: AHashMap<Box<str>, Arc<UpstreamRt>> = AHashMap::new();
+        let mut runtime = |key: String, u: &Upstream| -> Result<Arc<UpstreamRt>, String> {
+            let old = prev.and_then(|p| p.upstreams.get(key.as_str()));
+            let rt = match old {
+                Some(o) if o.source == *u => o.clone(),
+                _ => {
+                    let rt = compile_upstream(u)?;
+                    if let Some(o) = old {
+                        rt.balancer.inherit_state(&o.balancer);
+                    }
+                    Arc::new(rt)
+                }
+            };
+            upstreams.insert(key.into_boxed_str(), rt.clone());
+            Ok(rt)
+        };
         let services: AHashMap<&Id, _> = res.services.iter().map(|s| (&s.id, s)).collect();
         let plugin_configs: AHashMap<&Id, _> =
             res.plugin_configs.iter().map(|p| (&p.id, p)).collect();
         let mut shared_ups: AHashMap<&str, Arc<UpstreamRt>> = AHashMap::new();
         for u in &res.upstreams {
             let id = u.id.as_ref().map(|i| i.0.as_str()).unwrap_or_default();
-            let rt = compile_upstream(u).map_err(|e| format!("upstream {id}: {e}"))?;
-            shared_ups.insert(id, Arc::new(rt));
+            let rt = runtime(format!("u:{id}"), u).map_err(|e| format!("upstream {id}: {e}"))?;
+            shared_ups.insert(id, rt);
         }
 
         let env = CompileEnv::new(shared, &res.consumers, None);
@@ -162,7 +195,7 @@ impl Snapshot {
             };
             let eff = merge_route_service(r, service, pc);
             let upstream = match (&eff.upstream, &eff.upstream_id) {
-                (Some(u), _) => Arc::new(compile_upstream(u).map_err(ctx)?),
+                (Some(u), _) => runtime(format!("r:{}", r.id), u).map_err(ctx)?,
                 (None, Some(id)) => shared_ups.get(id.0.as_str()).cloned().ok_or_else(|| {
                     ctx(format!(
                         "failed to fetch upstream info by upstream id [{id}]"
@@ -210,6 +243,7 @@ impl Snapshot {
             router,
             routes,
             global,
+            upstreams,
         })
     }
 }
@@ -302,6 +336,7 @@ fn compile_upstream(u: &Upstream) -> Result<UpstreamRt, String> {
     };
     let kp = u.keepalive_pool;
     Ok(UpstreamRt {
+        source: u.clone(),
         balancer: Balancer::new(kind, specs),
         nodes,
         tls: tls_cfg,

@@ -25,7 +25,9 @@ pub fn run(
 
     let check: standalone::Checker = Arc::new(|r: &Resources| Snapshot::compile(r, 0).map(|_| ()));
     let initial = standalone::load(&resources_path, &check)?;
-    let snapshot = Snapshot::compile(&initial.resources, initial.revision)?;
+    // Plugin state (limit counters, metrics) lives as long as the process, across every reload.
+    let plugin_state = Arc::new(sluice_plugins::Shared::default());
+    let snapshot = Snapshot::compile_with(&initial.resources, initial.revision, &plugin_state)?;
 
     let addrs = node
         .apisix
@@ -58,7 +60,8 @@ pub fn run(
         tokio::spawn(async move {
             while rx.changed().await.is_ok() {
                 let v = rx.borrow_and_update().clone();
-                match Snapshot::compile(&v.resources, v.revision) {
+                let prev = gw.snapshot();
+                match Snapshot::compile_next(&v.resources, v.revision, &plugin_state, Some(&prev)) {
                     Ok(s) => {
                         let routes = s.route_count();
                         gw.publish(s);
