@@ -5,6 +5,7 @@
 
 mod balancer;
 mod bodies;
+mod connection;
 mod proxy;
 mod reload;
 mod routing;

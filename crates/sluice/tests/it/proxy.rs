@@ -297,3 +297,50 @@ async fn only_idempotent_methods_retry_after_sending() {
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: a send timeout answers 502; body::flush reports BodyError::Sink without a timed-out flag and \
+            conn.rs maps Sink to Kind::UpstreamIo, where nginx (FT_TIMEOUT) answers 504"]
+async fn send_timeout_gives_504() {
+    t(async {
+        let stall = Origin::with_mode("stall", Mode::Stall).await;
+        let gw = Gw::start(json!({"routes": [
+            {"id": 1, "uri": "/up", "timeout": {"connect": 1, "send": 0.3, "read": 5},
+             "upstream": {"nodes": {stall.addr.to_string(): 1}}},
+        ]}));
+        let mut c = Client::connect(gw.addr).await;
+        const BODY: usize = 256 << 20;
+        c.send(
+            format!("POST /up HTTP/1.1\r\nHost: t\r\nContent-Length: {BODY}\r\n\r\n").as_bytes(),
+        )
+        .await;
+        let (mut rd, mut wr) = c.s.into_split();
+        // The body is written by a task: it stalls with the origin, the response is read here meanwhile.
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let block = vec![b'b'; 1 << 20];
+            for _ in 0..(BODY >> 20) {
+                if wr.write_all(&block).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let t0 = Instant::now();
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            use tokio::io::AsyncReadExt;
+            let n = rd.read(&mut buf).await.expect("read");
+            assert!(n > 0, "closed without a response");
+            got.extend_from_slice(&buf[..n]);
+        }
+        writer.abort();
+        let head = String::from_utf8_lossy(&got).into_owned();
+        assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+        assert!(
+            head.starts_with("HTTP/1.1 504"),
+            "nginx answers a send timeout with 504: {head}"
+        );
+    })
+    .await
+}

@@ -51,6 +51,10 @@ pub enum Mode {
     Close,
     /// Read the request, then reset the connection (SO_LINGER 0).
     Reset,
+    /// Accept and never read: the sender's writes stall once the socket buffers are full.
+    Stall,
+    /// Answer normally (no `Connection: close`), then close the connection: a pooled connection goes stale.
+    CloseAfterResponse,
 }
 
 struct State {
@@ -100,6 +104,13 @@ impl Origin {
                 let Ok((s, _)) = l.accept().await else { return };
                 let id = st2.accepted.fetch_add(1, Ordering::SeqCst);
                 let _ = s.set_nodelay(true);
+                if *st2.mode.lock().expect("lock") == Mode::Stall {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(20)).await;
+                        drop(s);
+                    });
+                    continue;
+                }
                 tokio::spawn(serve(s, id, st2.clone()));
             }
         });
@@ -257,7 +268,8 @@ async fn serve(s: TcpStream, conn: usize, st: Arc<State>) {
         };
         st.requests.lock().expect("lock").push(rec.clone());
         st.in_flight.fetch_add(1, Ordering::SeqCst);
-        let keep = respond(&mut rd.s, &rec, &st).await;
+        let keep = respond(&mut rd.s, &rec, &st).await
+            && *st.mode.lock().expect("lock") != Mode::CloseAfterResponse;
         st.in_flight.fetch_sub(1, Ordering::SeqCst);
         if !keep {
             return;
@@ -304,7 +316,7 @@ const KEYWORDS: [&str; 10] = [
 async fn respond(s: &mut TcpStream, rec: &Recorded, st: &State) -> bool {
     let mode = *st.mode.lock().expect("lock");
     match mode {
-        Mode::Normal => {}
+        Mode::Normal | Mode::CloseAfterResponse | Mode::Stall => {}
         Mode::Delay(d) => tokio::time::sleep(d).await,
         Mode::Close => return false,
         Mode::Reset => {
