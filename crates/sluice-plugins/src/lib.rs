@@ -19,11 +19,21 @@ pub mod registry;
 mod shared;
 mod util;
 
+mod basic_auth;
+mod consumer_restriction;
+mod cors;
+mod fault_injection;
+mod ip_restriction;
 mod key_auth;
 mod limit_conn;
 mod limit_count;
 mod limit_req;
 pub mod prometheus;
+mod proxy_rewrite;
+mod redirect;
+mod referer_restriction;
+mod request_id;
+mod ua_restriction;
 
 pub use chain::{Chain, CompileEnv, Shared};
 pub use ctx::{Ctx, Edits, LogInfo, RespEdits};

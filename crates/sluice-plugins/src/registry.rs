@@ -23,10 +23,20 @@ pub struct Entry {
 }
 
 pub static REGISTRY: &[Entry] = &[
+    crate::request_id::ENTRY,
+    crate::fault_injection::ENTRY,
+    crate::cors::ENTRY,
+    crate::ip_restriction::ENTRY,
+    crate::ua_restriction::ENTRY,
+    crate::referer_restriction::ENTRY,
+    crate::basic_auth::ENTRY,
     crate::key_auth::ENTRY,
+    crate::consumer_restriction::ENTRY,
+    crate::proxy_rewrite::ENTRY,
     crate::limit_conn::ENTRY,
     crate::limit_count::ENTRY,
     crate::limit_req::ENTRY,
+    crate::redirect::ENTRY,
     crate::prometheus::ENTRY,
 ];
 

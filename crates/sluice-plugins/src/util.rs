@@ -151,8 +151,64 @@ pub(crate) fn reject(status: u16, msg: Option<&str>) -> Response {
     }
 }
 
+/// APISIX's regex replacement syntax (`$1`) in the regex crate's unambiguous form (`${1}`).
+pub(crate) fn dollar_groups(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 4);
+    let mut it = s.chars().peekable();
+    while let Some(c) = it.next() {
+        if c == '$' && it.peek().is_some_and(char::is_ascii_digit) {
+            out.push_str("${");
+            while let Some(d) = it.peek().copied().filter(char::is_ascii_digit) {
+                out.push(d);
+                it.next();
+            }
+            out.push('}');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Standard base64 (padding optional); `None` on any invalid byte.
+pub(crate) fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for &c in s.trim_end_matches('=').as_bytes() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn dollar_groups_are_braced() {
+        assert_eq!(super::dollar_groups("/$1/x$2y"), "/${1}/x${2}y");
+        assert_eq!(super::dollar_groups("$a"), "$a");
+    }
+
+    #[test]
+    fn base64_decodes() {
+        assert_eq!(super::base64_decode("Zm9vOmJhcg==").unwrap(), b"foo:bar");
+        assert_eq!(super::base64_decode("Zm9vOmJhcg").unwrap(), b"foo:bar");
+        assert!(super::base64_decode("Zm9v*").is_none());
+    }
+
     use super::*;
 
     #[test]

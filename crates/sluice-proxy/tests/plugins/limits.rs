@@ -183,3 +183,22 @@ fn limit_conn_rejects_beyond_conn_plus_burst() {
         "the slot is released when a request ends"
     );
 }
+
+#[test]
+fn limit_req_rejects_beyond_rate_plus_burst() {
+    let o = Origin::start();
+    let gw = Gw::start(one(
+        &o,
+        json!({"limit-req": {"rate": 1, "burst": 1, "key": "remote_addr", "rejected_code": 429,
+                              "rejected_msg": "slow down"}}),
+    ));
+    assert_eq!(gw.get("/hello", &[]).status, 200);
+    assert_eq!(gw.get("/hello", &[]).status, 200, "within the burst");
+    let r = gw.get("/hello", &[]);
+    assert_eq!(
+        (r.status, r.json()),
+        (429, json!({"error_msg": "slow down"}))
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(gw.get("/hello", &[]).status, 200, "the bucket drained");
+}

@@ -5,6 +5,8 @@
 mod auth;
 mod limits;
 mod metrics;
+mod restrict;
+mod rewrite;
 mod scale;
 
 use std::io::{Read, Write};

@@ -1,0 +1,206 @@
+//! ip-restriction, ua-restriction, referer-restriction, consumer-restriction and basic-auth (APISIX
+//! docs/en/latest/plugins/<name>.md and t/plugin/<name>.t).
+
+use serde_json::json;
+
+use crate::{consumer, route, Gw, Origin};
+
+fn one(o: &Origin, plugins: serde_json::Value) -> Gw {
+    Gw::start(json!({"routes": [route("r1", "/hello", o, plugins)]}))
+}
+
+#[test]
+fn ip_restriction_whitelist_blacklist_and_message() {
+    let o = Origin::start();
+    let gw = one(
+        &o,
+        json!({"ip-restriction": {"whitelist": ["127.0.0.0/24", "::1"]}}),
+    );
+    assert_eq!(gw.get("/hello", &[]).status, 200);
+    drop(gw);
+    let gw = one(&o, json!({"ip-restriction": {"whitelist": ["10.0.0.1"]}}));
+    let r = gw.get("/hello", &[]);
+    assert_eq!(
+        (r.status, r.json()),
+        (403, json!({"message": "Your IP address is not allowed"}))
+    );
+    drop(gw);
+    let gw = one(
+        &o,
+        json!({"ip-restriction": {"blacklist": ["127.0.0.1"], "message": "Do you want to do something bad?", "response_code": 404}}),
+    );
+    let r = gw.get("/hello", &[]);
+    assert_eq!(
+        (r.status, r.json()),
+        (404, json!({"message": "Do you want to do something bad?"}))
+    );
+    assert!(Gw::try_start(json!({"routes": [route("r1", "/a", &o, json!({"ip-restriction": {"whitelist": ["300.1.1.1"]}}))]})).is_err());
+    assert!(Gw::try_start(
+        json!({"routes": [route("r1", "/a", &o, json!({"ip-restriction": {}}))]})
+    )
+    .is_err());
+}
+
+#[test]
+fn ua_restriction_lists_and_missing_agent() {
+    let o = Origin::start();
+    let gw = one(
+        &o,
+        json!({"ua-restriction": {"denylist": ["my-bot1", "(Baiduspider)/(\\d+)\\.(\\d+)"]}}),
+    );
+    assert_eq!(gw.get("/hello", &[("User-Agent", "curl/8")]).status, 200);
+    let r = gw.get("/hello", &[("User-Agent", "Baiduspider/3.0")]);
+    assert_eq!(
+        (r.status, r.json()),
+        (403, json!({"message": "Not allowed"}))
+    );
+    assert_eq!(
+        gw.get("/hello", &[("User-Agent", "x my-bot1 y")]).status,
+        403
+    );
+    assert_eq!(
+        gw.get("/hello", &[]).status,
+        403,
+        "missing User-Agent is refused by default"
+    );
+    drop(gw);
+    let gw = one(
+        &o,
+        json!({"ua-restriction": {"allowlist": ["my-bot1"], "denylist": ["bot"], "bypass_missing": true, "message": "no"}}),
+    );
+    assert_eq!(gw.get("/hello", &[]).status, 200);
+    assert_eq!(
+        gw.get("/hello", &[("User-Agent", "my-bot1")]).status,
+        200,
+        "allowlist wins"
+    );
+    let r = gw.get("/hello", &[("User-Agent", "other-bot")]);
+    assert_eq!((r.status, r.json()), (403, json!({"message": "no"})));
+}
+
+#[test]
+fn referer_restriction_hosts_and_wildcards() {
+    let o = Origin::start();
+    let gw = one(
+        &o,
+        json!({"referer-restriction": {"whitelist": ["xx.com", "*.xx.com"]}}),
+    );
+    assert_eq!(
+        gw.get("/hello", &[("Referer", "http://xx.com/x")]).status,
+        200
+    );
+    assert_eq!(
+        gw.get("/hello", &[("Referer", "https://yy.xx.com:8080/x")])
+            .status,
+        200
+    );
+    let r = gw.get("/hello", &[("Referer", "http://yy.com/x")]);
+    assert_eq!(
+        (r.status, r.json()),
+        (403, json!({"message": "Your referer host is not allowed"}))
+    );
+    assert_eq!(gw.get("/hello", &[]).status, 403);
+    assert_eq!(gw.get("/hello", &[("Referer", "garbage")]).status, 403);
+    drop(gw);
+    let gw = one(
+        &o,
+        json!({"referer-restriction": {"blacklist": ["*.bad.com"], "bypass_missing": true}}),
+    );
+    assert_eq!(gw.get("/hello", &[]).status, 200);
+    assert_eq!(
+        gw.get("/hello", &[("Referer", "http://a.bad.com")]).status,
+        403
+    );
+    assert_eq!(
+        gw.get("/hello", &[("Referer", "http://good.com")]).status,
+        200
+    );
+}
+
+fn with_consumers(o: &Origin, plugins: serde_json::Value) -> Gw {
+    Gw::start(json!({
+        "routes": [route("r1", "/hello", o, plugins)],
+        "consumers": [
+            consumer("jack1", json!({"basic-auth": {"username": "jack2019", "password": "123456"}})),
+            consumer("jack2", json!({"basic-auth": {"username": "jack2020", "password": "123456"}}))
+        ]
+    }))
+}
+
+// base64("jack2019:123456"), base64("jack2020:123456"), base64("jack2019:wrong")
+const JACK1: &str = "Basic amFjazIwMTk6MTIzNDU2";
+const JACK2: &str = "Basic amFjazIwMjA6MTIzNDU2";
+const WRONG: &str = "Basic amFjazIwMTk6d3Jvbmc=";
+
+#[test]
+fn basic_auth_errors_and_hidden_credentials() {
+    let o = Origin::start();
+    let gw = with_consumers(&o, json!({"basic-auth": {}}));
+    let r = gw.get("/hello", &[]);
+    assert_eq!(
+        (r.status, r.json()),
+        (401, json!({"message": "Missing authorization in request"}))
+    );
+    assert_eq!(r.header("www-authenticate"), Some("Basic realm='.'"));
+    let r = gw.get("/hello", &[("Authorization", "Bearer x")]);
+    assert_eq!(
+        (r.status, r.json()),
+        (401, json!({"message": "Invalid authorization in request"}))
+    );
+    let r = gw.get("/hello", &[("Authorization", WRONG)]);
+    assert_eq!(
+        (r.status, r.json()),
+        (401, json!({"message": "Invalid user authorization"}))
+    );
+    assert_eq!(gw.get("/hello", &[("Authorization", JACK1)]).status, 200);
+    assert_eq!(o.last().header("authorization"), Some(JACK1));
+    assert_eq!(o.last().header("x-consumer-username"), Some("jack1"));
+    drop(gw);
+    let gw = with_consumers(&o, json!({"basic-auth": {"hide_credentials": true}}));
+    assert_eq!(gw.get("/hello", &[("Authorization", JACK2)]).status, 200);
+    assert_eq!(o.last().header("authorization"), None);
+}
+
+#[test]
+fn consumer_restriction_by_name_and_method() {
+    let o = Origin::start();
+    let gw = with_consumers(
+        &o,
+        json!({"basic-auth": {}, "consumer-restriction": {"whitelist": ["jack1"]}}),
+    );
+    assert_eq!(gw.get("/hello", &[("Authorization", JACK1)]).status, 200);
+    let r = gw.get("/hello", &[("Authorization", JACK2)]);
+    assert_eq!(
+        (r.status, r.json()),
+        (403, json!({"message": "The consumer_name is forbidden."}))
+    );
+    drop(gw);
+    let gw = with_consumers(
+        &o,
+        json!({"basic-auth": {}, "consumer-restriction": {"blacklist": ["jack1"], "rejected_code": 401, "rejected_msg": "go away"}}),
+    );
+    let r = gw.get("/hello", &[("Authorization", JACK1)]);
+    assert_eq!((r.status, r.json()), (401, json!({"message": "go away"})));
+    assert_eq!(gw.get("/hello", &[("Authorization", JACK2)]).status, 200);
+    drop(gw);
+    let gw = with_consumers(
+        &o,
+        json!({"basic-auth": {}, "consumer-restriction": {"allowed_by_methods": [{"user": "jack1", "methods": ["POST"]}]}}),
+    );
+    assert_eq!(gw.get("/hello", &[("Authorization", JACK1)]).status, 403);
+    assert_eq!(gw.get("/hello", &[("Authorization", JACK2)]).status, 200);
+    drop(gw);
+    // Without an auth plugin there is no consumer.
+    let gw = one(
+        &o,
+        json!({"consumer-restriction": {"whitelist": ["jack1"]}}),
+    );
+    let r = gw.get("/hello", &[]);
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            401,
+            json!({"message": "Missing authentication or identity verification."})
+        )
+    );
+}
