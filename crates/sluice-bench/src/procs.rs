@@ -105,6 +105,16 @@ pub fn free_port() -> Result<u16, String> {
 
 /// One blocking `GET` with `Connection: close`; returns the status code.
 pub fn probe(addr: SocketAddr, path: &str, headers: &[(String, String)]) -> Result<u16, String> {
+    probe_head(addr, path, headers).map(|(code, _)| code)
+}
+
+/// One blocking `GET` with `Connection: close`; returns the status code and the response head
+/// (lower-cased, for header checks).
+pub fn probe_head(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<(u16, String), String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))
         .map_err(|e| format!("connect {addr}: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(3)))
@@ -115,21 +125,23 @@ pub fn probe(addr: SocketAddr, path: &str, headers: &[(String, String)]) -> Resu
     }
     req.push_str("\r\n");
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    let mut head = [0u8; 64];
-    let mut n = 0;
-    while n < 12 {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    // Read until the end of the head (bounded to 16 KiB) or EOF.
+    while head.len() < 16 * 1024 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
         let r = s
-            .read(&mut head[n..])
+            .read(&mut chunk)
             .map_err(|e| format!("read {addr}: {e}"))?;
         if r == 0 {
             break;
         }
-        n += r;
+        head.extend_from_slice(&chunk[..r]);
     }
-    std::str::from_utf8(head.get(9..12).ok_or("short response")?)
+    let code = std::str::from_utf8(head.get(9..12).ok_or("short response")?)
         .ok()
         .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("bad status line from {addr}"))
+        .ok_or_else(|| format!("bad status line from {addr}"))?;
+    Ok((code, String::from_utf8_lossy(&head).to_ascii_lowercase()))
 }
 
 /// One h2c (prior knowledge) `GET`; returns the status code.
@@ -236,6 +248,9 @@ mod tests {
     fn probe_and_ready_against_the_mock() {
         let addr = crate::loadgen::tests::mock(sluice_mock::Delay::Fixed(Duration::ZERO), 200);
         assert_eq!(probe(addr, "/status/404", &[]), Ok(404));
+        let (code, head) = probe_head(addr, "/", &[]).expect("head");
+        assert_eq!(code, 200);
+        assert!(head.contains("server: sluice-mock\r\n"), "{head}");
         assert_eq!(
             wait_ready(addr, "/", &[], None, Duration::from_secs(2), false),
             Ok(())

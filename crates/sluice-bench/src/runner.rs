@@ -11,7 +11,7 @@ use crate::drivers::{self, Driver};
 use crate::gateway::{self, PATH};
 use crate::loadgen::{run_load, LoadSpec, Stop};
 use crate::procinfo::{clock_ticks, cpu_ticks_tree, peak_rss_kib_tree};
-use crate::procs::{free_port, installed, wait_ready, Proc, ReadyError};
+use crate::procs::{free_port, installed, probe, probe_head, wait_ready, Proc, ReadyError};
 use crate::progress::Progress;
 use crate::report::{RunResult, ScenarioReport, TargetResult};
 use crate::scenario::{Scenario, TargetKind, Workers};
@@ -200,6 +200,9 @@ pub fn start_target(
             let limit = if s.routes >= 10_000 { limit * 4 } else { limit };
             wait_ready(addr, PATH, &headers, Some(&mut p), limit, ctx.h2c)
                 .map_err(|e| skip_reason(s, &e))?;
+            if !ctx.h2c {
+                check_plugins(addr, s)?;
+            }
             Ok(Running {
                 kind,
                 addr,
@@ -279,6 +282,28 @@ fn sanitize(name: &str) -> String {
             }
         })
         .collect()
+}
+
+/// A gateway that ignores plugins it does not know answers 200 anyway: check that each plugin of
+/// the scenario visibly acts (key-auth rejects a request without `apikey` with 401; limit-count
+/// adds `X-RateLimit-Limit`). prometheus has no visible effect on the proxied response.
+fn check_plugins(addr: SocketAddr, s: &Scenario) -> Result<(), String> {
+    let names = s.plugins.names();
+    if names.contains(&"key-auth") {
+        let code = probe(addr, PATH, &[])?;
+        if code != 401 {
+            return Err(format!(
+                "plugin not available (key-auth: a request without apikey answered {code}, not 401)"
+            ));
+        }
+    }
+    if names.contains(&"limit-count") {
+        let (_, head) = probe_head(addr, PATH, &gateway::request_headers(s))?;
+        if !head.contains("\r\nx-ratelimit-limit:") {
+            return Err("plugin not available (limit-count: no X-RateLimit-Limit header)".into());
+        }
+    }
+    Ok(())
 }
 
 /// Skip reason for a gateway that never answered 200: plugin scenarios name the missing plugin.
