@@ -71,8 +71,18 @@ impl Pattern {
                 },
             });
         }
-        let tokens = tokenize(uri);
+        let mut tokens = tokenize(uri);
         let has_capture = tokens.iter().any(|t| !matches!(t, Token::Lit(_)));
+        // The trie has already compared the key: matching resumes right after it.
+        if let Some(Token::Lit(first)) = tokens.first_mut() {
+            if let Some(rest) = first.strip_prefix(key.as_bytes()) {
+                if rest.is_empty() {
+                    tokens.remove(0);
+                } else {
+                    *first = rest.into();
+                }
+            }
+        }
         Ok(Pattern {
             key,
             exact: false,
@@ -117,8 +127,9 @@ fn tokenize(uri: &str) -> Vec<Token> {
 }
 
 impl Matcher {
-    /// Checks `path` (already known to start with, or equal, the key of length `key_len`)
-    /// and records captures. On `false`, `params` is left as it was.
+    /// Checks `path` (already known to start with, or equal, the key of length `key_len`;
+    /// tokens start right after the key) and records captures. On `false`, `params` is left
+    /// as it was.
     #[inline]
     pub(crate) fn matches(&self, path: &str, key_len: usize, params: &mut Params) -> bool {
         match self {
@@ -128,8 +139,11 @@ impl Matcher {
                 true
             }
             Matcher::Tokens(tokens) => {
+                if key_len > path.len() {
+                    return false;
+                }
                 let mark = params.mark();
-                let ok = match_tokens(tokens, path.as_bytes(), 0, params);
+                let ok = match_tokens(tokens, path.as_bytes(), key_len, params);
                 if !ok {
                     params.truncate(mark);
                 }
