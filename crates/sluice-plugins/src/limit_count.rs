@@ -2,10 +2,13 @@
 //! Keys follow APISIX: `key_type` var / var_combination / constant, falling back to the client address; windows
 //! are scoped per route and configuration unless a `group` shares them. Policy `local` counts exactly across
 //! every worker thread ([`crate::counters::WindowStore`]); the windows live in [`crate::Shared`], so a reload
-//! that keeps a route's configuration keeps its counts. Policies `redis` / `redis-cluster` are rejected at
-//! compile time (not implemented yet).
+//! that keeps a route's configuration keeps its counts. Policies `redis` / `redis-cluster` count cluster-wide
+//! in Redis with batched, asynchronous syncs ([`remote`]).
+
+pub(crate) mod remote;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -41,6 +44,16 @@ fn schema() -> Value {
             "rejected_msg": {"type": "string", "minLength": 1},
             "policy": {"type": "string", "enum": ["local", "redis", "redis-cluster"], "default": "local"},
             "allow_degradation": {"type": "boolean", "default": false},
+            "redis_host": {"type": "string", "minLength": 2},
+            "redis_port": {"type": "integer", "minimum": 1, "default": 6379},
+            "redis_username": {"type": "string", "minLength": 1},
+            "redis_password": {"type": "string", "minLength": 0},
+            "redis_database": {"type": "integer", "minimum": 0, "default": 0},
+            "redis_timeout": {"type": "integer", "minimum": 1, "default": 1000},
+            "redis_ssl": {"type": "boolean", "default": false},
+            "redis_cluster_nodes": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 2, "maxLength": 100}},
+            "redis_cluster_name": {"type": "string"},
+            "sync_interval": {"type": "number", "default": -1},
             "show_limit_quota_header": {"type": "boolean", "default": true}
         },
         "required": ["count", "time_window"]
@@ -63,6 +76,91 @@ struct Conf {
     policy: String,
     #[serde(default = "yes")]
     show_limit_quota_header: bool,
+    #[serde(default)]
+    allow_degradation: bool,
+    redis_host: Option<String>,
+    #[serde(default = "port6379")]
+    redis_port: u16,
+    redis_username: Option<String>,
+    redis_password: Option<String>,
+    #[serde(default)]
+    redis_database: u32,
+    #[serde(default = "ms1000")]
+    redis_timeout: u64,
+    #[serde(default)]
+    redis_ssl: bool,
+    #[serde(default)]
+    redis_cluster_nodes: Vec<String>,
+    #[serde(default = "neg")]
+    sync_interval: f64,
+}
+
+fn port6379() -> u16 {
+    6379
+}
+fn ms1000() -> u64 {
+    1000
+}
+fn neg() -> f64 {
+    -1.0
+}
+
+/// Batching interval when `sync_interval` is unset: short enough to stay close to APISIX's exact counting.
+const DEFAULT_SYNC: Duration = Duration::from_millis(10);
+
+/// A stable 64-bit FNV-1a (the same on every node, unlike the per-process seeded hashes).
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn remote_connect(c: &Conf) -> Result<Option<remote::Connect>, String> {
+    let timeout = Duration::from_millis(c.redis_timeout);
+    let interval = if c.sync_interval > 0.0 {
+        Duration::from_secs_f64(c.sync_interval)
+    } else {
+        DEFAULT_SYNC
+    };
+    let auth = match (&c.redis_username, &c.redis_password) {
+        (Some(u), Some(p)) => format!("{u}:{p}@"),
+        (None, Some(p)) if !p.is_empty() => format!(":{p}@"),
+        _ => String::new(),
+    };
+    let scheme = if c.redis_ssl { "rediss" } else { "redis" };
+    let backend = match c.policy.as_str() {
+        "local" => return Ok(None),
+        "redis" => {
+            let host = c
+                .redis_host
+                .as_deref()
+                .ok_or("property \"redis_host\" is required")?;
+            remote::Backend::Single {
+                url: format!(
+                    "{scheme}://{auth}{host}:{}/{}",
+                    c.redis_port, c.redis_database
+                ),
+            }
+        }
+        _ => {
+            if c.redis_cluster_nodes.len() < 2 {
+                return Err("property \"redis_cluster_nodes\" needs at least 2 nodes".into());
+            }
+            remote::Backend::Cluster {
+                urls: c
+                    .redis_cluster_nodes
+                    .iter()
+                    .map(|n| format!("{scheme}://{n}"))
+                    .collect(),
+            }
+        }
+    };
+    Ok(Some(remote::Connect {
+        backend,
+        password: c.redis_password.clone().filter(|p| !p.is_empty()),
+        timeout,
+        interval,
+    }))
 }
 
 pub(crate) fn remote_addr() -> String {
@@ -86,7 +184,7 @@ fn check(v: &Value) -> Result<(), String> {
     if c.count > MAX_COUNT {
         return Err(format!("count above {MAX_COUNT} is not supported"));
     }
-    Ok(())
+    remote_connect(&c).map(drop)
 }
 
 struct LimitCount {
@@ -101,13 +199,23 @@ struct LimitCount {
     show_headers: bool,
     limit_header: Bytes,
     windows: Arc<WindowStore>,
+    /// Policy redis / redis-cluster: the backend's syncer and this plugin's stable key prefix.
+    remote: Option<(Arc<remote::Syncer>, String)>,
+    allow_degradation: bool,
 }
 
 fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     let c: Conf = parse(&schema(), v)?;
-    if c.policy != "local" {
-        return Err(format!("policy {} is not supported yet", c.policy));
-    }
+    let remote = match remote_connect(&c)? {
+        Some(conn) => {
+            let prefix = match &c.group {
+                Some(g) => format!("plugin-limit-count:group:{g}"),
+                None => format!("plugin-limit-count:{:016x}", fnv(&v.to_string())),
+            };
+            Some((env.shared.remote.syncer(conn), prefix))
+        }
+        None => None,
+    };
     let scope = match &c.group {
         Some(g) => key_hash(("group", g)),
         None => key_hash(("conf", v.to_string())),
@@ -123,6 +231,8 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
         show_headers: c.show_limit_quota_header,
         limit_header: Bytes::from(c.count.to_string()),
         windows: env.shared.windows.clone(),
+        remote,
+        allow_degradation: c.allow_degradation,
     }))
 }
 
@@ -138,12 +248,30 @@ impl Plugin for LimitCount {
     }
     fn access(&self, ctx: &mut Ctx<'_>) -> Flow {
         let key = self.key.resolve(ctx);
-        let k = if self.grouped {
-            key_hash((self.scope, &*key))
-        } else {
-            key_hash((self.scope, ctx.route_id, &*key))
+        let q = match &self.remote {
+            None => {
+                let k = if self.grouped {
+                    key_hash((self.scope, &*key))
+                } else {
+                    key_hash((self.scope, ctx.route_id, &*key))
+                };
+                self.windows.incoming(k, self.count, self.window_ms, 1)
+            }
+            Some((syncer, prefix)) => {
+                if !syncer.healthy() {
+                    if self.allow_degradation {
+                        return Flow::Continue;
+                    }
+                    return Flow::Respond(reject(500, Some("failed to limit count")));
+                }
+                let name = if self.grouped {
+                    format!("{prefix}:{key}")
+                } else {
+                    format!("{prefix}:{}:{key}", ctx.route_id)
+                };
+                syncer.window(name, self.window_ms).incoming(self.count)
+            }
         };
-        let q = self.windows.incoming(k, self.count, self.window_ms, 1);
         if self.show_headers {
             let mut n = itoa(q.remaining);
             let set = &mut ctx.resp.set_headers;

@@ -16,6 +16,8 @@ pub struct Shared {
     pub(crate) conns: Arc<ConnStore>,
     /// limit-req's leaky buckets.
     pub(crate) buckets: Arc<BucketStore>,
+    /// limit-count's Redis backends and their sync threads.
+    pub(crate) remote: Arc<crate::limit_count::remote::RemoteStore>,
     /// prometheus' metric families.
     pub(crate) metrics: Arc<Metrics>,
 }

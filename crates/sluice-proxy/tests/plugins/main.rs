@@ -5,6 +5,7 @@
 mod auth;
 mod limits;
 mod metrics;
+mod redis;
 mod restrict;
 mod rewrite;
 mod scale;
