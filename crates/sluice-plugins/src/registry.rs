@@ -64,6 +64,40 @@ mod tests {
         assert_eq!(names.len(), REGISTRY.len());
     }
 
+    /// Every plugin has its page and a line in docs/plugins.md.
+    #[test]
+    fn every_plugin_is_documented() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs");
+        let index = std::fs::read_to_string(format!("{root}/plugins.md")).unwrap_or_default();
+        for e in REGISTRY {
+            assert!(
+                index.contains(&format!("[{}]", e.name)),
+                "docs/plugins.md lacks {}",
+                e.name
+            );
+            let page = format!("{root}/plugins/{}.md", e.name);
+            assert!(std::path::Path::new(&page).exists(), "{page} missing");
+        }
+    }
+
+    /// `SLUICE_SCHEMA_DUMP=path cargo test -p sluice-plugins dump_schemas -- --ignored` writes every schema.
+    #[test]
+    #[ignore]
+    fn dump_schemas() {
+        let all: serde_json::Map<String, serde_json::Value> = REGISTRY
+            .iter()
+            .map(|e| {
+                (
+                    e.name.to_owned(),
+                    serde_json::json!({"priority": e.priority, "schema": (e.schema)()}),
+                )
+            })
+            .collect();
+        let path = std::env::var("SLUICE_SCHEMA_DUMP")
+            .unwrap_or_else(|_| "/tmp/sluice-schemas.json".into());
+        std::fs::write(path, serde_json::to_string_pretty(&all).unwrap()).unwrap();
+    }
+
     #[test]
     fn every_schema_is_an_object_schema() {
         for e in REGISTRY {
