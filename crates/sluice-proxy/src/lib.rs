@@ -6,6 +6,7 @@
 //! -> `pool` lends a kept-alive connection -> `forward` writes the head, `body` streams bodies both ways.
 //! docs/architecture.md draws the whole picture.
 
+mod accept;
 mod body;
 mod conn;
 mod error;
@@ -15,6 +16,7 @@ mod server;
 mod snapshot;
 mod tls;
 
+pub use accept::ListenerKind;
 pub use error::{Error, Side};
 pub use server::{Gateway, Listeners, ProxyConfig, Running};
 pub use snapshot::Snapshot;

@@ -19,7 +19,7 @@ use sluice_http::Limits;
 use sluice_model::NodeConfig;
 use tokio::net::TcpListener;
 
-use crate::conn::Conn;
+use crate::accept::{self, ListenerKind};
 use crate::pool::Pool;
 use crate::snapshot::Snapshot;
 
@@ -90,26 +90,35 @@ pub struct Gateway {
 /// Listeners bound before the gateway starts, so tests and the binary can learn the real ports (port 0) and hand
 /// the sockets over without a bind race.
 pub struct Listeners {
-    per_worker: Vec<Vec<std::net::TcpListener>>,
+    per_worker: Vec<Vec<(std::net::TcpListener, ListenerKind)>>,
     pub local_addrs: Vec<SocketAddr>,
 }
 
 impl Listeners {
-    /// Binds `workers` SO_REUSEPORT sockets to each address. Port 0 is resolved by the first bind and reused.
+    /// Binds `workers` SO_REUSEPORT sockets to each address, all cleartext HTTP.
     pub fn bind(addrs: &[SocketAddr], workers: usize) -> io::Result<Listeners> {
+        let plain: Vec<_> = addrs.iter().map(|a| (*a, ListenerKind::Plain)).collect();
+        Self::bind_kinds(&plain, workers)
+    }
+
+    /// Binds `workers` SO_REUSEPORT sockets to each address. Port 0 is resolved by the first bind and reused.
+    pub fn bind_kinds(
+        addrs: &[(SocketAddr, ListenerKind)],
+        workers: usize,
+    ) -> io::Result<Listeners> {
         let workers = workers.max(1);
-        let mut per_worker: Vec<Vec<std::net::TcpListener>> =
+        let mut per_worker: Vec<Vec<(std::net::TcpListener, ListenerKind)>> =
             (0..workers).map(|_| Vec::new()).collect();
         let mut local_addrs = Vec::new();
-        for addr in addrs {
-            let mut actual = *addr;
+        for &(addr, kind) in addrs {
+            let mut actual = addr;
             for (i, w) in per_worker.iter_mut().enumerate() {
                 let l = reuseport_listener(actual)?;
                 if i == 0 {
                     actual = l.local_addr()?;
                     local_addrs.push(actual);
                 }
-                w.push(l);
+                w.push((l, kind));
             }
         }
         Ok(Listeners {
@@ -218,7 +227,7 @@ impl Gateway {
     }
 }
 
-fn worker_main(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) {
+fn worker_main(shared: Arc<Shared>, listeners: Vec<(std::net::TcpListener, ListenerKind)>) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -237,7 +246,7 @@ fn worker_main(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) {
             active: Cell::new(0),
         });
         let mut accept_tasks = Vec::new();
-        for l in listeners {
+        for (l, kind) in listeners {
             let l = match TcpListener::from_std(l) {
                 Ok(l) => l,
                 Err(e) => {
@@ -245,7 +254,11 @@ fn worker_main(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) {
                     continue;
                 }
             };
-            accept_tasks.push(tokio::task::spawn_local(accept_loop(l, worker.clone())));
+            accept_tasks.push(tokio::task::spawn_local(accept_loop(
+                l,
+                kind,
+                worker.clone(),
+            )));
         }
         for t in accept_tasks {
             let _ = t.await;
@@ -258,7 +271,7 @@ fn worker_main(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) {
     });
 }
 
-async fn accept_loop(l: TcpListener, w: Rc<Worker>) {
+async fn accept_loop(l: TcpListener, kind: ListenerKind, w: Rc<Worker>) {
     let mut shutdown = w.shared.shutdown.subscribe();
     let local_addr = l.local_addr().ok();
     loop {
@@ -290,9 +303,7 @@ async fn accept_loop(l: TcpListener, w: Rc<Worker>) {
         w.active.set(w.active.get() + 1);
         let w2 = w.clone();
         tokio::task::spawn_local(async move {
-            Conn::new(stream, peer, local, "http", w2.clone())
-                .run()
-                .await;
+            accept::serve(stream, peer, local, kind, w2.clone()).await;
             w2.active.set(w2.active.get() - 1);
             w2.shared.connections.fetch_sub(1, Ordering::Relaxed);
         });
