@@ -10,11 +10,14 @@
 //! path, so it depends on the host/path length and on the candidates that share a key, never
 //! on the route count. It takes no lock and makes no heap allocation once [`Params`] has grown
 //! to the largest route's capture count (it starts with room for 8 captures and 128 name
-//! bytes); `tests/no_alloc.rs` asserts it. Measured (callgrind, release): a static hit on
-//! `/api/v1/svcN/status` costs ~680 instructions at both 1,000 and 100,000 routes, a param hit
-//! ~910, a miss ~360; wall time in `benches/match.rs`. One caveat: a `vars` regex (`~~`, `~*`)
-//! is a `regex::Regex`, whose scratch cache is taken from a sharded pool, so threads other
-//! than the first one to use it may touch a (rarely contended) mutex.
+//! bytes); `tests/no_alloc.rs` asserts it. Measured with callgrind (release, the route mix
+//! of `benches/match.rs`, with a Host header): a static hit costs ~800 instructions at 1,000
+//! routes and ~940 at 100,000 (the difference is the two extra digits of `svc16660` in the
+//! path, i.e. two more trie nodes), a param hit ~980 / ~1,130, a miss ~610 / ~690.
+//! When not to rely on it: many routes sharing one static key (`/u/:id/a1` … `/u/:id/a9999`
+//! all key on `/u/`) are scanned linearly, as in lua-resty-radixtree. One caveat: a `vars`
+//! regex (`~~`, `~*`) is a `regex::Regex`, whose scratch cache comes from a sharded pool, so
+//! threads other than the first one to use it may touch a (rarely contended) mutex.
 //!
 //! Matching order (checked against `apisix/http/router/radixtree_host_uri.lua` and
 //! `lua-resty-radixtree`):
