@@ -360,3 +360,51 @@ async fn send_timeout_gives_504() {
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_mid_response_closes_the_client_connection() {
+    t(async {
+        let o = Origin::start("o").await;
+        let gw = Gw::start(json!({"routes": [
+            {"id": 1, "uri": "/*", "timeout": {"connect": 1, "send": 1, "read": 0.3},
+             "upstream": {"nodes": {o.addr.to_string(): 1}}},
+        ]}));
+        // The upstream closes inside a Content-Length body: the client gets the head and a short body, then EOF.
+        let mut c = Client::connect(gw.addr).await;
+        c.send(b"GET /truncate/5000 HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await;
+        let (status, _, headers) = c.read_head().await;
+        assert_eq!(status, 200);
+        assert!(
+            headers
+                .iter()
+                .any(|(n, v)| n.eq_ignore_ascii_case("content-length") && v == "10000"),
+            "{headers:?}"
+        );
+        let rest = c.read_to_eof().await;
+        assert_eq!(
+            rest.len(),
+            5000,
+            "what the upstream sent, then the connection closes"
+        );
+
+        // The upstream stalls inside a chunked body past the read timeout: same, no terminating chunk.
+        let mut c = Client::connect(gw.addr).await;
+        let t0 = Instant::now();
+        c.send(b"GET /slowstream HTTP/1.1\r\nHost: t\r\n\r\n").await;
+        let (status, _, _) = c.read_head().await;
+        assert_eq!(status, 200);
+        let rest = c.read_to_eof().await;
+        assert!(
+            t0.elapsed() < Duration::from_millis(490),
+            "closed on the read timeout: {:?}",
+            t0.elapsed()
+        );
+        let rest = String::from_utf8_lossy(&rest).into_owned();
+        assert!(
+            rest.contains("first") && !rest.contains("second") && !rest.ends_with("0\r\n\r\n"),
+            "{rest:?}"
+        );
+    })
+    .await
+}

@@ -70,7 +70,7 @@ struct State {
 /// `/echo` body = request body; `/len` body = `len=N sum=S`; `/delay/MS`; `/status/CODE`; `/chunked/N` N chunks;
 /// `/large/BYTES` a Content-Length body of `pattern(i)` bytes written in 64 KiB pieces; `/eof/BYTES` a close-delimited
 /// body; `/slowstream` a chunk, 500 ms pause, another chunk; `/hop` a response carrying hop-by-hop fields;
-/// `/close` close without a response; anything else: 200 with the origin's name as body.
+/// `/truncate/N` announces 2N body bytes, sends N and closes; `/close` close without a response; anything else: 200 with the origin's name as body.
 /// Every response carries `X-Origin: name`, `X-Seen-Host` and `X-Seen-Target`.
 #[derive(Clone)]
 pub struct Origin {
@@ -299,7 +299,8 @@ fn reason(s: u16) -> &'static str {
     }
 }
 
-const KEYWORDS: [&str; 10] = [
+const KEYWORDS: [&str; 11] = [
+    "truncate",
     "echo",
     "len",
     "delay",
@@ -383,6 +384,15 @@ async fn respond(s: &mut TcpStream, rec: &Recorded, st: &State) -> bool {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
             s.write_all(b"6\r\nsecond\r\n0\r\n\r\n").await.is_ok()
+        }
+        "truncate" => {
+            // Announces twice the bytes it sends, then closes.
+            let n = num(1000);
+            let mut out =
+                head(200, st, rec, &format!("Content-Length: {}\r\n\r\n", 2 * n)).into_bytes();
+            out.extend((0..n).map(pattern));
+            let _ = s.write_all(&out).await;
+            false
         }
         "large" | "eof" => {
             let total = num(1 << 20);
