@@ -85,6 +85,8 @@ pub struct Ctx<'a> {
     pub(crate) merged_by: u64,
     /// Per-request variables plugins publish for later ones (`request_id`, ...).
     pub(crate) vars: Vec<(&'static str, Box<str>)>,
+    /// The client address real-ip established (it replaces `remote_addr` for later plugins).
+    pub real_ip: Option<std::net::IpAddr>,
     /// Held limit-conn slots: released when the request context is dropped, whatever way the request ends.
     pub(crate) held: Vec<crate::limit_conn::Held>,
 }
@@ -101,12 +103,18 @@ impl<'a> Ctx<'a> {
             merged_by: 0,
             vars: Vec::new(),
             held: Vec::new(),
+            real_ip: None,
         }
     }
 
     /// The consumer's name, once an auth plugin has identified one.
     pub fn consumer_name(&self) -> Option<&str> {
         self.consumer.as_deref().map(|c| c.username.as_str())
+    }
+
+    /// The client address: real-ip's when it set one, else the peer's.
+    pub fn remote_ip(&self) -> std::net::IpAddr {
+        self.real_ip.unwrap_or_else(|| self.req.peer.ip())
     }
 
     /// Sets a per-request variable (replacing an earlier value).
@@ -122,6 +130,9 @@ impl<'a> Ctx<'a> {
     /// context know (`consumer_name`, `route_id`, `request_id`, ...).
     pub fn var(&self, var: &Var) -> Option<std::borrow::Cow<'_, str>> {
         use std::borrow::Cow;
+        if let (Var::RemoteAddr, Some(ip)) = (var, self.real_ip) {
+            return Some(Cow::Owned(ip.to_string()));
+        }
         if let Var::Other(name) = var {
             match name.as_ref() {
                 "consumer_name" => return self.consumer_name().map(Cow::Borrowed),
@@ -163,7 +174,7 @@ impl MatchRequest for Ctx<'_> {
         self.req.method()
     }
     fn remote_addr(&self) -> std::net::IpAddr {
-        self.req.remote_addr()
+        self.remote_ip()
     }
     fn var(&self, var: &Var) -> Option<std::borrow::Cow<'_, str>> {
         Ctx::var(self, var)

@@ -59,6 +59,11 @@ impl<'a> ReqView<'a> {
             })
     }
 
+    /// A variable's value as an owned string (for plugins that keep it past the borrow).
+    pub fn var_owned(&self, var: &Var) -> Option<String> {
+        MatchRequest::var(self, var).map(|v| v.into_owned())
+    }
+
     pub fn arg(&self, name: &str) -> Option<&str> {
         self.head.query_str()?.split('&').find_map(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));

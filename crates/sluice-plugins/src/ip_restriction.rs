@@ -1,5 +1,5 @@
 //! ip-restriction (priority 3000, access): `whitelist` or `blacklist` of IPs and CIDRs matched against the
-//! client address (`remote_addr`; run real-ip first to use a forwarded one). Rejects with `response_code` (403)
+//! client address (`remote_addr`, or the one real-ip established). Rejects with `response_code` (403)
 //! and `{"message": message}` (default "Your IP address is not allowed").
 
 use std::net::IpAddr;
@@ -110,7 +110,7 @@ impl Plugin for IpRestriction {
         PhaseMask::of(&[Phase::Access])
     }
     fn access(&self, ctx: &mut Ctx<'_>) -> Flow {
-        let ip = match ctx.req.peer.ip() {
+        let ip = match ctx.remote_ip() {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
             v4 => v4,
         };

@@ -23,6 +23,7 @@ pub struct Entry {
 }
 
 pub static REGISTRY: &[Entry] = &[
+    crate::real_ip::ENTRY,
     crate::request_id::ENTRY,
     crate::fault_injection::ENTRY,
     crate::cors::ENTRY,
@@ -37,7 +38,10 @@ pub static REGISTRY: &[Entry] = &[
     crate::limit_count::ENTRY,
     crate::limit_req::ENTRY,
     crate::redirect::ENTRY,
+    crate::response_rewrite::ENTRY,
     crate::prometheus::ENTRY,
+    crate::http_logger::ENTRY,
+    crate::file_logger::ENTRY,
 ];
 
 pub fn find(name: &str) -> Option<&'static Entry> {

@@ -18,6 +18,10 @@ pub struct Shared {
     pub(crate) buckets: Arc<BucketStore>,
     /// limit-count's Redis backends and their sync threads.
     pub(crate) remote: Arc<crate::limit_count::remote::RemoteStore>,
+    /// file-logger's writer threads.
+    pub(crate) writers: Arc<crate::file_logger::Writers>,
+    /// http-logger's batch senders.
+    pub(crate) batches: Arc<crate::http_logger::Senders>,
     /// prometheus' metric families.
     pub(crate) metrics: Arc<Metrics>,
 }

@@ -116,7 +116,7 @@ impl LimitKey {
             }
             LimitKey::Constant(c) => Some(Cow::Borrowed(c.as_str())),
         };
-        v.unwrap_or_else(|| Cow::Owned(ctx.req.peer.ip().to_string()))
+        v.unwrap_or_else(|| Cow::Owned(ctx.remote_ip().to_string()))
     }
 }
 

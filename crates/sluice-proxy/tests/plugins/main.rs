@@ -4,6 +4,7 @@
 
 mod auth;
 mod limits;
+mod loggers;
 mod metrics;
 mod redis;
 mod restrict;
@@ -26,6 +27,7 @@ pub struct Seen {
     pub method: String,
     pub target: String,
     pub headers: Vec<(String, String)>,
+    pub body: String,
 }
 
 impl Seen {
@@ -89,7 +91,7 @@ fn serve_origin(mut c: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
                     .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
                     .unwrap_or(0);
                 let slow = req.path.is_some_and(|p| p.starts_with("/slow"));
-                seen.lock().unwrap().push(Seen {
+                let mut rec = Seen {
                     method: req.method.unwrap_or("").to_owned(),
                     target: req.path.unwrap_or("").to_owned(),
                     headers: req
@@ -102,13 +104,16 @@ fn serve_origin(mut c: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
                             )
                         })
                         .collect(),
-                });
+                    body: String::new(),
+                };
                 while buf.len() < n + body_len {
                     match c.read(&mut chunk) {
                         Ok(0) | Err(_) => return,
                         Ok(k) => buf.extend_from_slice(&chunk[..k]),
                     }
                 }
+                rec.body = String::from_utf8_lossy(&buf[n..n + body_len]).into_owned();
+                seen.lock().unwrap().push(rec);
                 buf.drain(..n + body_len);
                 if slow {
                     std::thread::sleep(Duration::from_millis(400));

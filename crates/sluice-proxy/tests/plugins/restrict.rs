@@ -204,3 +204,57 @@ fn consumer_restriction_by_name_and_method() {
         )
     );
 }
+
+#[test]
+fn real_ip_feeds_ip_restriction_and_limit_keys() {
+    let o = Origin::start();
+    let gw = one(
+        &o,
+        json!({"real-ip": {"source": "http_x_forwarded_for", "trusted_addresses": ["127.0.0.0/24"]},
+               "ip-restriction": {"blacklist": ["10.0.0.1"]},
+               "limit-count": {"count": 1, "time_window": 60}}),
+    );
+    let r = gw.get("/hello", &[("X-Forwarded-For", "10.0.0.1")]);
+    assert_eq!(r.status, 403, "the forwarded address is the client");
+    assert_eq!(
+        gw.get("/hello", &[("X-Forwarded-For", "10.0.0.2")]).status,
+        200
+    );
+    assert_eq!(
+        gw.get("/hello", &[("X-Forwarded-For", "10.0.0.3")]).status,
+        200,
+        "limit keyed by real ip"
+    );
+    assert_eq!(
+        gw.get("/hello", &[("X-Forwarded-For", "10.0.0.3")]).status,
+        503
+    );
+    drop(gw);
+    // An untrusted peer's header is ignored.
+    let gw = one(
+        &o,
+        json!({"real-ip": {"source": "http_x_forwarded_for", "trusted_addresses": ["192.168.0.0/16"]},
+               "ip-restriction": {"blacklist": ["10.0.0.1"]}}),
+    );
+    assert_eq!(
+        gw.get("/hello", &[("X-Forwarded-For", "10.0.0.1")]).status,
+        200
+    );
+    drop(gw);
+    // recursive: the last untrusted address in the list.
+    let gw = one(
+        &o,
+        json!({"real-ip": {"source": "http_x_forwarded_for", "trusted_addresses": ["127.0.0.1", "10.1.0.0/16"], "recursive": true},
+               "ip-restriction": {"whitelist": ["10.9.9.9"]}}),
+    );
+    assert_eq!(
+        gw.get("/hello", &[("X-Forwarded-For", "10.9.9.9, 10.1.0.5")])
+            .status,
+        200
+    );
+    assert_eq!(
+        gw.get("/hello", &[("X-Forwarded-For", "10.9.9.8, 10.1.0.5")])
+            .status,
+        403
+    );
+}

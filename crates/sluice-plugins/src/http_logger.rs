@@ -1,0 +1,266 @@
+//! http-logger (priority 410, log): sends log entries to `uri` (http://) in batches: a batch goes out when it
+//! holds `batch_max_size` entries, when `inactive_timeout` seconds pass without a new entry, or when
+//! `buffer_duration` seconds pass since its first entry (APISIX's batch processor). `concat_method` `json`
+//! sends one object (a batch of one) or an array, `new_line` sends one entry per line. The log phase only
+//! queues the entry (bounded; a full queue drops it); one sender thread per distinct configuration posts
+//! with a plain HTTP/1.1 client and retries `max_retry_count` times. https endpoints are refused for now.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::log_entry::{entry, Format};
+use crate::registry::Entry;
+use crate::util::parse;
+use crate::{CompileEnv, Ctx, LogInfo, Phase, PhaseMask, Plugin};
+
+pub const NAME: &str = "http-logger";
+pub const PRIORITY: i32 = 410;
+
+pub(crate) const ENTRY: Entry = Entry {
+    name: NAME,
+    priority: PRIORITY,
+    auth: false,
+    schema,
+    check,
+    compile,
+};
+
+const QUEUE: usize = 65_536;
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "uri": {"type": "string", "pattern": "^[^\\/]+:\\/\\/([\\da-zA-Z.-]+|\\[[\\da-fA-F:]+\\])(:\\d+)?"},
+            "auth_header": {"type": "string"},
+            "timeout": {"type": "integer", "minimum": 1, "default": 3},
+            "log_format": {"type": "object"},
+            "include_req_body": {"type": "boolean", "default": false},
+            "include_resp_body": {"type": "boolean", "default": false},
+            "concat_method": {"type": "string", "enum": ["json", "new_line"], "default": "json"},
+            "ssl_verify": {"type": "boolean", "default": false},
+            "batch_max_size": {"type": "integer", "minimum": 1, "default": 1000},
+            "inactive_timeout": {"type": "integer", "minimum": 1, "default": 5},
+            "buffer_duration": {"type": "integer", "minimum": 1, "default": 60},
+            "max_retry_count": {"type": "integer", "minimum": 0, "default": 0},
+            "retry_delay": {"type": "integer", "minimum": 0, "default": 1},
+            "name": {"type": "string"}
+        },
+        "required": ["uri"]
+    })
+}
+
+#[derive(Deserialize, Clone)]
+struct Conf {
+    uri: String,
+    auth_header: Option<String>,
+    #[serde(default = "three")]
+    timeout: u64,
+    log_format: Option<Value>,
+    #[serde(default = "json_method")]
+    concat_method: String,
+    #[serde(default = "thousand")]
+    batch_max_size: usize,
+    #[serde(default = "five")]
+    inactive_timeout: u64,
+    #[serde(default = "sixty")]
+    buffer_duration: u64,
+    #[serde(default)]
+    max_retry_count: u32,
+    #[serde(default = "one")]
+    retry_delay: u64,
+}
+
+fn three() -> u64 {
+    3
+}
+fn json_method() -> String {
+    "json".into()
+}
+fn thousand() -> usize {
+    1000
+}
+fn five() -> u64 {
+    5
+}
+fn sixty() -> u64 {
+    60
+}
+fn one() -> u64 {
+    1
+}
+
+/// `http://host[:port]/path` -> (host:port, host header, path).
+fn split_uri(uri: &str) -> Result<(String, String, String), String> {
+    let rest = uri
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("only http:// endpoints are supported: {uri}"))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let addr = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        && !authority.ends_with(']')
+    {
+        authority.to_owned()
+    } else {
+        format!("{authority}:80")
+    };
+    Ok((addr, authority.to_owned(), path.to_owned()))
+}
+
+fn check(v: &Value) -> Result<(), String> {
+    let c: Conf = parse(&schema(), v)?;
+    split_uri(&c.uri)?;
+    Format::compile(c.log_format.as_ref()).map(drop)
+}
+
+/// Sender threads by configuration, shared by every snapshot.
+#[derive(Default)]
+pub(crate) struct Senders(Mutex<HashMap<String, SyncSender<Value>>>);
+
+impl Senders {
+    fn sender(&self, key: String, c: &Conf) -> Result<SyncSender<Value>, String> {
+        let mut m = self.0.lock().map_err(|_| "http-logger senders poisoned")?;
+        if let Some(s) = m.get(&key) {
+            return Ok(s.clone());
+        }
+        let (tx, rx) = sync_channel::<Value>(QUEUE);
+        let c = c.clone();
+        std::thread::Builder::new()
+            .name("sluice-http-logger".into())
+            .spawn(move || batch_loop(rx, c))
+            .map_err(|e| e.to_string())?;
+        m.insert(key, tx.clone());
+        Ok(tx)
+    }
+}
+
+fn batch_loop(rx: Receiver<Value>, c: Conf) {
+    let inactive = Duration::from_secs(c.inactive_timeout);
+    let max_age = Duration::from_secs(c.buffer_duration);
+    let mut batch: Vec<Value> = Vec::new();
+    let mut first = Instant::now();
+    loop {
+        let wait = if batch.is_empty() {
+            Duration::from_secs(3600)
+        } else {
+            inactive.min(max_age.saturating_sub(first.elapsed()))
+        };
+        match rx.recv_timeout(wait) {
+            Ok(e) => {
+                if batch.is_empty() {
+                    first = Instant::now();
+                }
+                batch.push(e);
+                if batch.len() < c.batch_max_size && first.elapsed() < max_age {
+                    continue;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                if !batch.is_empty() {
+                    send_with_retry(&c, &std::mem::take(&mut batch));
+                }
+                return;
+            }
+        }
+        if !batch.is_empty() {
+            send_with_retry(&c, &std::mem::take(&mut batch));
+        }
+    }
+}
+
+fn send_with_retry(c: &Conf, batch: &[Value]) {
+    for attempt in 0..=c.max_retry_count {
+        match send(c, batch) {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, uri = %c.uri, attempt, "http-logger: failed to send batch");
+                std::thread::sleep(Duration::from_secs(c.retry_delay));
+            }
+        }
+    }
+}
+
+fn send(c: &Conf, batch: &[Value]) -> Result<(), String> {
+    let (addr, host, path) = split_uri(&c.uri)?;
+    let (body, ctype) = if c.concat_method == "new_line" {
+        let lines: Vec<String> = batch.iter().map(Value::to_string).collect();
+        (lines.join("\n"), "text/plain")
+    } else if batch.len() == 1 {
+        (batch[0].to_string(), "application/json")
+    } else {
+        (Value::Array(batch.to_vec()).to_string(), "application/json")
+    };
+    let timeout = Duration::from_secs(c.timeout);
+    let sa = addr
+        .to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or("no address")?;
+    let mut s = TcpStream::connect_timeout(&sa, timeout).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if let Some(a) = &c.auth_header {
+        req.push_str(&format!("Authorization: {a}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    s.write_all(body.as_bytes()).map_err(|e| e.to_string())?;
+    let mut head = [0u8; 32];
+    let n = s.read(&mut head).map_err(|e| e.to_string())?;
+    let status = std::str::from_utf8(&head[..n])
+        .ok()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse::<u16>().ok())
+        .unwrap_or(0);
+    if !(200..300).contains(&status) {
+        return Err(format!("server returned status {status}"));
+    }
+    Ok(())
+}
+
+struct HttpLogger {
+    tx: SyncSender<Value>,
+    format: Option<Format>,
+}
+
+fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
+    let c: Conf = parse(&schema(), v)?;
+    split_uri(&c.uri)?;
+    Ok(Arc::new(HttpLogger {
+        tx: env.shared.batches.sender(v.to_string(), &c)?,
+        format: Format::compile(c.log_format.as_ref())?,
+    }))
+}
+
+impl Plugin for HttpLogger {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+    fn priority(&self) -> i32 {
+        PRIORITY
+    }
+    fn phases(&self) -> PhaseMask {
+        PhaseMask::of(&[Phase::Log])
+    }
+    fn log(&self, ctx: &Ctx<'_>, info: &LogInfo) {
+        let _ = self.tx.try_send(entry(ctx, info, self.format.as_ref()));
+    }
+}

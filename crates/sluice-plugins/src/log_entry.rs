@@ -1,0 +1,99 @@
+//! The log entry the loggers send: APISIX's default full format (request, response, upstream, latencies, route,
+//! consumer, client) or a custom `log_format` of `$var` templates. Built in the log phase, after the response
+//! was sent; the response's own headers are not known to the log phase and are left out.
+
+use serde_json::{json, Map, Value};
+
+use crate::util::Template;
+use crate::{Ctx, LogInfo};
+
+/// A compiled `log_format`: output field -> template.
+pub(crate) struct Format(Vec<(String, Template)>);
+
+impl Format {
+    pub(crate) fn compile(v: Option<&Value>) -> Result<Option<Format>, String> {
+        let Some(v) = v else { return Ok(None) };
+        let m = v.as_object().ok_or("log_format must be an object")?;
+        let mut out = Vec::with_capacity(m.len());
+        for (k, t) in m {
+            let t = t
+                .as_str()
+                .ok_or_else(|| format!("log_format.{k} must be a string"))?;
+            out.push((k.clone(), Template::compile(t)));
+        }
+        Ok(Some(Format(out)))
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+pub(crate) fn entry(ctx: &Ctx<'_>, info: &LogInfo, format: Option<&Format>) -> Value {
+    if let Some(Format(fields)) = format {
+        let mut m = Map::new();
+        m.insert("client_ip".into(), json!(ctx.remote_ip().to_string()));
+        m.insert("route_id".into(), json!(ctx.route_id));
+        for (k, t) in fields {
+            let (v, n) = t.resolve(ctx);
+            m.insert(
+                k.clone(),
+                if n == 0 && v.is_empty() {
+                    Value::Null
+                } else {
+                    json!(v)
+                },
+            );
+        }
+        return Value::Object(m);
+    }
+    let head = ctx.req.head;
+    let mut headers = Map::new();
+    for (n, v) in head.headers_iter() {
+        headers.insert(
+            String::from_utf8_lossy(n).to_ascii_lowercase(),
+            json!(String::from_utf8_lossy(v)),
+        );
+    }
+    let mut query = Map::new();
+    for kv in head
+        .query_str()
+        .unwrap_or("")
+        .split('&')
+        .filter(|s| !s.is_empty())
+    {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        query.insert(k.to_owned(), json!(v));
+    }
+    let host = ctx.req.host.as_deref().unwrap_or("");
+    let latency = info.latency.as_secs_f64() * 1000.0;
+    let upstream = info.upstream_latency.map(|u| u.as_secs_f64() * 1000.0);
+    let mut e = json!({
+        "request": {
+            "url": format!("{}://{host}:{}{}", ctx.req.scheme, ctx.req.local.port(), head.target_str()),
+            "uri": head.target_str(),
+            "method": head.method_str(),
+            "headers": headers,
+            "querystring": query,
+            "size": info.request_bytes,
+        },
+        "response": {"status": info.status, "size": info.response_bytes},
+        "server": {"hostname": std::env::var("HOSTNAME").unwrap_or_default(), "version": env!("CARGO_PKG_VERSION")},
+        "client_ip": ctx.remote_ip().to_string(),
+        "start_time": now_ms().saturating_sub(info.latency.as_millis() as u64),
+        "latency": latency,
+        "upstream_latency": upstream.map_or(-1.0, |u| u),
+        "apisix_latency": latency - upstream.unwrap_or(0.0),
+        "route_id": ctx.route_id,
+        "service_id": "",
+    });
+    if let Some(u) = info.upstream_addr {
+        e["upstream"] = json!(u.to_string());
+    }
+    if let Some(c) = ctx.consumer_name() {
+        e["consumer"] = json!({"username": c});
+    }
+    e
+}
