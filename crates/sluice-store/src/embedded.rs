@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use sluice_model::Resources;
 use tokio::sync::watch;
 
 use crate::kv::{now, BoxFuture, Entry, Op, Revision, Snapshot, Store, StoreError};
@@ -85,7 +86,11 @@ impl Inner {
         }
     }
 
-    fn commit_blocking(&self, ops: Vec<Op>) -> Result<u64, StoreError> {
+    fn commit_blocking(
+        &self,
+        ops: Vec<Op>,
+        prepared: Option<(u64, Resources)>,
+    ) -> Result<u64, StoreError> {
         let _w = self.writer.lock().map_err(|_| io("writer lock poisoned"))?;
         let cur = self.current();
         cur.check_guards(&ops)?;
@@ -121,7 +126,10 @@ impl Inner {
         // Durability::Immediate (redb's default): fsynced when this returns.
         w.commit().map_err(io)?;
 
-        let resources = next.to_resources();
+        let resources = match prepared {
+            Some((base, r)) if base == cur.revision => r,
+            _ => next.to_resources(),
+        };
         let next = Arc::new(next);
         match self.snapshot.write() {
             Ok(mut g) => *g = next,
@@ -162,7 +170,21 @@ impl Store for EmbeddedStore {
     fn commit(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<u64, StoreError>> {
         let inner = self.inner.clone();
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || inner.commit_blocking(ops))
+            tokio::task::spawn_blocking(move || inner.commit_blocking(ops, None))
+                .await
+                .map_err(io)?
+        })
+    }
+
+    fn commit_prepared(
+        &self,
+        ops: Vec<Op>,
+        base: u64,
+        prepared: Resources,
+    ) -> BoxFuture<'_, Result<u64, StoreError>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || inner.commit_blocking(ops, Some((base, prepared))))
                 .await
                 .map_err(io)?
         })

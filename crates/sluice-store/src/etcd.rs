@@ -160,7 +160,7 @@ impl Inner {
                     snap.entries.insert(
                         key,
                         Entry {
-                            value,
+                            value: Arc::new(value),
                             create_revision: kv.create_revision().max(0) as u64,
                             mod_revision: kv.mod_revision().max(0) as u64,
                         },
@@ -215,7 +215,7 @@ impl Inner {
                             next.entries.insert(
                                 key,
                                 Entry {
-                                    value,
+                                    value: Arc::new(value),
                                     create_revision: kv.create_revision().max(0) as u64,
                                     mod_revision: kv.mod_revision().max(0) as u64,
                                 },

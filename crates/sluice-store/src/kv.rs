@@ -32,7 +32,8 @@ pub const KINDS: &[&str] = &[
 /// One stored value with its etcd-style revisions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
-    pub value: Value,
+    /// Shared, so copying a snapshot for a write does not copy every value.
+    pub value: Arc<Value>,
     pub create_revision: u64,
     pub mod_revision: u64,
 }
@@ -122,6 +123,18 @@ pub trait Store: Send + Sync {
     /// Applies every op or none, durably, and returns the new revision. When it returns, [`Store::snapshot`]
     /// already reflects the commit (read-your-writes on this node).
     fn commit(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<u64, StoreError>>;
+    /// As [`Store::commit`], with the complete configuration the caller already derived from the snapshot at
+    /// `base` plus `ops` (the Admin API builds it for the data plane's dry run). A store may publish it instead of
+    /// deriving it again, which matters at thousands of resources; it must ignore it if its state moved on.
+    fn commit_prepared(
+        &self,
+        ops: Vec<Op>,
+        base: u64,
+        prepared: Resources,
+    ) -> BoxFuture<'_, Result<u64, StoreError>> {
+        let _ = (base, prepared);
+        self.commit(ops)
+    }
     /// Revisions after `after`, oldest first, at most `limit`.
     fn history(&self, after: u64, limit: usize)
         -> BoxFuture<'_, Result<Vec<Revision>, StoreError>>;
@@ -177,13 +190,13 @@ impl Snapshot {
                     let create_revision = old.map_or(revision, |e| e.create_revision);
                     changes.push(Change {
                         key: key.clone(),
-                        old: old.map(|e| e.value.clone()),
+                        old: old.map(|e| (*e.value).clone()),
                         new: Some(value.clone()),
                     });
                     self.entries.insert(
                         key.clone(),
                         Entry {
-                            value: value.clone(),
+                            value: Arc::new(value.clone()),
                             create_revision,
                             mod_revision: revision,
                         },
@@ -193,7 +206,7 @@ impl Snapshot {
                     if let Some(old) = self.entries.remove(key) {
                         changes.push(Change {
                             key: key.clone(),
-                            old: Some(old.value),
+                            old: Some(Arc::unwrap_or_clone(old.value)),
                             new: None,
                         });
                     }
@@ -291,7 +304,7 @@ impl Snapshot {
         // Nested keys: `secrets/{manager}/{id}` and `consumers/{username}/credentials/{id}`.
         for (key, e) in self.under("secrets/") {
             let id = &key["secrets/".len()..];
-            match sluice_model::Secret::deserialize(&e.value) {
+            match sluice_model::Secret::deserialize(&*e.value) {
                 Ok(mut v) => {
                     v.id = Id(id.to_owned());
                     r.secrets.push(v);
@@ -306,7 +319,7 @@ impl Snapshot {
             let Some((user, id)) = rest.split_once("/credentials/") else {
                 continue;
             };
-            match sluice_model::Credential::deserialize(&e.value) {
+            match sluice_model::Credential::deserialize(&*e.value) {
                 Ok(mut v) => {
                     v.id = Id(id.to_owned());
                     v.consumer = user.to_owned();
@@ -328,7 +341,7 @@ fn fill<T: serde::de::DeserializeOwned>(
     set_id: impl Fn(&mut T, Id),
 ) {
     for (id, e) in snap.list(kind) {
-        match T::deserialize(&e.value) {
+        match T::deserialize(&*e.value) {
             Ok(mut v) => {
                 set_id(&mut v, Id(id.to_owned()));
                 out.push(v);

@@ -66,3 +66,31 @@ fn list_skips_sub_resources_and_resources_convert() {
     assert_eq!(r.plugin_metadata[0].id.0, "http-logger");
     assert_eq!(r.consumer_groups[0].id.0, "g1");
 }
+
+/// Cost of the per-write whole-configuration work at 5,000 routes.
+/// Run: `cargo test -p sluice-store --release -- --ignored --nocapture measure_snapshot`
+#[test]
+#[ignore]
+fn measure_snapshot() {
+    let mut s = Snapshot::default();
+    let ops: Vec<Op> = (0..5000)
+        .map(|i| {
+            put(
+                &format!("routes/b{i}"),
+                json!({"id": format!("b{i}"), "uri": format!("/bulk/{i}"), "plugins": {},
+                       "create_time": 1, "update_time": 1}),
+            )
+        })
+        .collect();
+    s.apply(&ops, 1);
+    let t = std::time::Instant::now();
+    let c = s.clone();
+    println!("clone: {:?}", t.elapsed());
+    let t = std::time::Instant::now();
+    let r = c.to_resources();
+    println!(
+        "to_resources: {:?} ({} routes)",
+        t.elapsed(),
+        r.routes.len()
+    );
+}
