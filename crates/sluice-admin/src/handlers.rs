@@ -43,7 +43,7 @@ fn full_key(key: &str) -> String {
 }
 
 fn envelope(key: &str, e: &sluice_store::kv::Entry, kind: &Kind) -> Value {
-    let mut value = e.value.clone();
+    let mut value = (*e.value).clone();
     if kind.name == "ssls" {
         // As APISIX: private keys are never returned.
         if let Some(o) = value.as_object_mut() {
@@ -267,7 +267,7 @@ async fn patch(state: &AdminState, req: &Req, t: &Target) -> Reply {
     let Some(old) = snap.get(&key) else {
         return Reply::not_found();
     };
-    let mut value = old.value.clone();
+    let mut value = (*old.value).clone();
     if t.sub_path.is_empty() {
         patch::merge(&mut value, body);
     } else if let Err(e) = patch::set_sub_path(&mut value, &t.sub_path, body.clone()) {
@@ -345,8 +345,13 @@ pub(crate) async fn commit(
 ) -> Result<(), Reply> {
     let mut candidate = snap.clone();
     candidate.apply(&ops, snap.revision + 1);
-    (state.checker)(&candidate.to_resources()).map_err(|e| Reply::error(400, e))?;
-    let rev = state.store.commit(ops).await.map_err(store_error)?;
+    let resources = candidate.to_resources();
+    (state.checker)(&resources).map_err(|e| Reply::error(400, e))?;
+    let rev = state
+        .store
+        .commit_prepared(ops, snap.revision, resources)
+        .await
+        .map_err(store_error)?;
     if req.arg("wait") == Some("applied") {
         let mut rx = state.applied.clone();
         let waited =
