@@ -51,7 +51,7 @@ pub(crate) fn render(r: &Report) -> String {
     let mut h = String::with_capacity(64 * 1024);
     h.push_str("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>Sluice benchmark report</title><style>");
     h.push_str("body{font-family:system-ui,sans-serif;margin:24px;color:#212529;max-width:1300px}h1{margin-bottom:4px}");
-    h.push_str("table{border-collapse:collapse;margin:8px 0 20px;font-size:13px}td,th{border:1px solid #dee2e6;padding:3px 8px;text-align:right}");
+    h.push_str("table{border-collapse:collapse;margin:8px 0 20px;font-size:12px}td,th{border:1px solid #dee2e6;padding:2px 5px;text-align:right}");
     h.push_str("th{background:#f1f3f5}td.l,th.l{text-align:left}.skip{color:#868e96}.sc{margin:18px 0;border-top:1px solid #ced4da;padding-top:6px}");
     h.push_str("svg text{font-size:12px;font-family:system-ui,sans-serif}.muted{color:#868e96;font-size:13px}</style></head><body>");
     let _ = write!(
@@ -305,7 +305,7 @@ fn scenario(h: &mut String, s: &ScenarioReport) {
             o(m.cpu_us_per_req, 2),
             o(m.peak_rss_kib.map(|k| k as f64 / 1024.0), 1),
             o(m.instructions_per_req, 0),
-            rounds.join(" · ")
+            rounds.join(" ")
         );
     }
     h.push_str("</table></div>");
