@@ -75,7 +75,7 @@ async fn large_bodies_stream_both_ways() {
         let o = Origin::start("o").await;
         let gw = gw_for(&o).await;
         let mut c = Client::connect(gw.addr).await;
-        const DOWN: u64 = 32 << 20;
+        const DOWN: u64 = 8 << 20;
         let r = c.get(&format!("/large/{DOWN}")).await;
         assert_eq!(r.status, 200);
         assert_eq!(r.body.len() as u64, DOWN);
@@ -87,12 +87,12 @@ async fn large_bodies_stream_both_ways() {
             "corrupted"
         );
 
-        // 16 MiB up with Content-Length, and 8 MiB chunked in odd-sized chunks.
-        let up: Vec<u8> = (0..16u64 << 20).map(pattern).collect();
+        // 4 MiB up with Content-Length, and 2 MiB chunked in odd-sized chunks.
+        let up: Vec<u8> = (0..4u64 << 20).map(pattern).collect();
         let sum: u64 = up.iter().map(|&b| u64::from(b)).sum();
         let r = c.request("PUT", "/len", "", &up).await;
         assert_eq!(r.text(), format!("len={} sum={sum}", up.len()));
-        let part = &up[..8 << 20];
+        let part = &up[..2 << 20];
         let mut req =
             b"POST /len HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
         for ch in part.chunks(70_001) {

@@ -407,6 +407,9 @@ async fn respond(s: &mut TcpStream, rec: &Recorded, st: &State) -> bool {
             {
                 return false;
             }
+            if is_head {
+                return first == "large";
+            }
             let mut off = 0u64;
             let mut piece = Vec::with_capacity(64 * 1024);
             while off < total {
