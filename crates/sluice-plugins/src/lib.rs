@@ -26,6 +26,7 @@ mod fault_injection;
 mod file_logger;
 mod http_logger;
 mod ip_restriction;
+pub mod jwt_auth;
 mod key_auth;
 mod limit_conn;
 mod limit_count;

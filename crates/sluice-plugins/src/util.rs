@@ -170,6 +170,21 @@ pub(crate) fn dollar_groups(s: &str) -> String {
     out
 }
 
+/// Unpadded base64url (JWT segments).
+pub(crate) fn base64url_encode(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
+    for c in b.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..=c.len() {
+            out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
 /// Standard base64 (padding optional); `None` on any invalid byte.
 pub(crate) fn base64_decode(s: &str) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(s.len() * 3 / 4);
@@ -200,6 +215,17 @@ mod tests {
     fn dollar_groups_are_braced() {
         assert_eq!(super::dollar_groups("/$1/x$2y"), "/${1}/x${2}y");
         assert_eq!(super::dollar_groups("$a"), "$a");
+    }
+
+    #[test]
+    fn base64url_round_trips() {
+        for s in [&b""[..], b"f", b"fo", b"foo", b"foob", b"\xff\xfe\xfd"] {
+            assert_eq!(
+                super::base64_decode(&super::base64url_encode(s)).unwrap(),
+                s
+            );
+        }
+        assert_eq!(super::base64url_encode(b"foo:bar"), "Zm9vOmJhcg");
     }
 
     #[test]

@@ -197,3 +197,77 @@ fn invalid_plugin_configs_fail_the_compile_with_apisix_text() {
         .unwrap();
     assert!(e.contains("unknown plugin [no-such]"), "{e}");
 }
+
+fn jwt_cfg(origin: &Origin, plugins: serde_json::Value) -> serde_json::Value {
+    json!({
+        "routes": [route("r1", "/hello", origin, plugins)],
+        "consumers": [consumer("jack", json!({"jwt-auth": {"key": "user-key", "secret": "my-secret-key"}}))]
+    })
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[test]
+fn jwt_auth_sources_errors_and_expiry() {
+    use sluice_plugins::jwt_auth::sign_hs256;
+    let o = Origin::start();
+    let gw = Gw::start(jwt_cfg(&o, json!({"jwt-auth": {}})));
+    let good = sign_hs256(
+        &json!({"key": "user-key", "exp": now() + 600}),
+        "my-secret-key",
+    );
+    let r = gw.get("/hello", &[]);
+    assert_eq!(
+        (r.status, r.json()),
+        (401, json!({"message": "Missing JWT token in request"}))
+    );
+    let r = gw.get("/hello", &[("Authorization", "not-a-jwt")]);
+    assert_eq!(
+        (r.status, r.json()),
+        (401, json!({"message": "JWT token invalid"}))
+    );
+    let other = sign_hs256(
+        &json!({"key": "nobody", "exp": now() + 600}),
+        "my-secret-key",
+    );
+    let r = gw.get("/hello", &[("Authorization", &other)]);
+    assert_eq!(
+        (r.status, r.json()),
+        (401, json!({"message": "Invalid user key in JWT token"}))
+    );
+    let forged = sign_hs256(
+        &json!({"key": "user-key", "exp": now() + 600}),
+        "wrong-secret",
+    );
+    let r = gw.get("/hello", &[("Authorization", &forged)]);
+    assert_eq!(
+        (r.status, r.json()),
+        (401, json!({"message": "failed to verify jwt"}))
+    );
+    let expired = sign_hs256(
+        &json!({"key": "user-key", "exp": now() - 10}),
+        "my-secret-key",
+    );
+    assert_eq!(gw.get("/hello", &[("Authorization", &expired)]).status, 401);
+
+    assert_eq!(gw.get("/hello", &[("Authorization", &good)]).status, 200);
+    assert_eq!(o.last().header("x-consumer-username"), Some("jack"));
+    assert_eq!(o.last().header("authorization"), Some(good.as_str()));
+    let bearer = format!("Bearer {good}");
+    assert_eq!(gw.get("/hello", &[("Authorization", &bearer)]).status, 200);
+    assert_eq!(gw.get(&format!("/hello?jwt={good}"), &[]).status, 200);
+    assert_eq!(
+        gw.get("/hello", &[("Cookie", &format!("a=b; jwt={good}"))])
+            .status,
+        200
+    );
+    drop(gw);
+    let gw = Gw::start(jwt_cfg(&o, json!({"jwt-auth": {"hide_credentials": true}})));
+    assert_eq!(gw.get("/hello", &[("Authorization", &bearer)]).status, 200);
+    assert_eq!(o.last().header("authorization"), None);
+}
