@@ -14,6 +14,8 @@ pub struct ConsumerRt {
     pub consumer: Arc<sluice_model::Consumer>,
     /// Its non-auth plugins, merged into the route's chain once it is identified.
     pub chain: Option<Arc<Chain>>,
+    /// The username as a header value, built once (attaching a consumer allocates nothing).
+    username: bytes::Bytes,
 }
 
 impl ConsumerRt {
@@ -23,7 +25,7 @@ impl ConsumerRt {
         ctx.consumer_chain = self.chain.clone();
         ctx.edits.set_headers.push((
             bytes::Bytes::from_static(b"X-Consumer-Username"),
-            bytes::Bytes::from(self.consumer.username.clone()),
+            self.username.clone(),
         ));
     }
 }
@@ -58,6 +60,7 @@ impl Consumers {
             let rt = Arc::new(ConsumerRt {
                 consumer: Arc::new(c.clone()),
                 chain,
+                username: bytes::Bytes::from(c.username.clone()),
             });
             if let Some(conf) = c.plugins.get("key-auth") {
                 let key = str_field(conf, "key-auth", "key", &c.username)?;

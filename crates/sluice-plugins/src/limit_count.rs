@@ -273,7 +273,6 @@ impl Plugin for LimitCount {
             }
         };
         if self.show_headers {
-            let mut n = itoa(q.remaining);
             let set = &mut ctx.resp.set_headers;
             set.push((
                 Bytes::from_static(b"X-RateLimit-Limit"),
@@ -281,12 +280,11 @@ impl Plugin for LimitCount {
             ));
             set.push((
                 Bytes::from_static(b"X-RateLimit-Remaining"),
-                Bytes::copy_from_slice(n.as_bytes()),
+                Bytes::from(q.remaining.to_string()),
             ));
-            n = itoa(q.reset);
             set.push((
                 Bytes::from_static(b"X-RateLimit-Reset"),
-                Bytes::copy_from_slice(n.as_bytes()),
+                Bytes::from(q.reset.to_string()),
             ));
         }
         if q.allowed {
@@ -295,8 +293,4 @@ impl Plugin for LimitCount {
             Flow::Respond(reject(self.rejected_code, self.rejected_msg.as_deref()))
         }
     }
-}
-
-fn itoa(n: u64) -> String {
-    n.to_string()
 }

@@ -140,9 +140,20 @@ impl Default for Metrics {
     }
 }
 
+/// A thread's cached series: keyed by cheap identities, checked against the labels on every hit (a pointer may
+/// be reused by a later snapshot's route).
+struct Cached {
+    route: Box<str>,
+    consumer: Box<str>,
+    series: Arc<Series>,
+}
+
+type CacheKey = (u64, usize, usize, Option<std::net::SocketAddr>, u16);
+
 thread_local! {
-    /// (registry id, labels) -> series: a request whose labels this thread has seen takes no lock.
-    static CACHE: RefCell<HashMap<(u64, Labels), Arc<Series>>> = RefCell::new(HashMap::new());
+    /// (registry id, route id ptr, consumer ptr, upstream, status) -> series: a request whose labels this
+    /// thread has seen takes no lock and allocates nothing.
+    static CACHE: RefCell<HashMap<CacheKey, Cached>> = RefCell::new(HashMap::new());
 }
 
 impl Metrics {
@@ -165,59 +176,82 @@ impl Metrics {
     }
 
     fn series(&self, labels: Labels) -> Arc<Series> {
-        let key = (self.id, labels);
-        if let Some(s) = CACHE.with(|c| c.borrow().get(&key).cloned()) {
+        let n = self.bounds().len() + 1;
+        let mut map = match self.series.write() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        let mut labels = labels;
+        if map.len() >= MAX_SERIES && !map.contains_key(&labels) {
+            labels = Labels {
+                route: "".into(),
+                consumer: "".into(),
+                node: "".into(),
+                code: labels.code,
+            };
+        }
+        map.entry(labels)
+            .or_insert_with(|| {
+                Arc::new(Series {
+                    status: AtomicU64::new(0),
+                    latency: [Hist::new(n), Hist::new(n), Hist::new(n)],
+                    ingress: AtomicU64::new(0),
+                    egress: AtomicU64::new(0),
+                })
+            })
+            .clone()
+    }
+
+    fn cached(&self, ctx: &Ctx<'_>, info: &LogInfo) -> Arc<Series> {
+        let consumer = ctx.consumer.as_ref();
+        let key: CacheKey = (
+            self.id,
+            ctx.route_id.as_ptr() as usize,
+            consumer.map_or(0, |c| Arc::as_ptr(c) as usize),
+            info.upstream_addr,
+            info.status,
+        );
+        let name = ctx.consumer_name().unwrap_or("");
+        let hit = CACHE.with(|c| {
+            c.borrow()
+                .get(&key)
+                .filter(|e| &*e.route == ctx.route_id && &*e.consumer == name)
+                .map(|e| e.series.clone())
+        });
+        if let Some(s) = hit {
             return s;
         }
-        let n = self.bounds().len() + 1;
-        let s = {
-            let mut map = match self.series.write() {
-                Ok(m) => m,
-                Err(p) => p.into_inner(),
-            };
-            let mut labels = key.1.clone();
-            if map.len() >= MAX_SERIES && !map.contains_key(&labels) {
-                labels = Labels {
-                    route: "".into(),
-                    consumer: "".into(),
-                    node: "".into(),
-                    code: labels.code,
-                };
-            }
-            map.entry(labels)
-                .or_insert_with(|| {
-                    Arc::new(Series {
-                        status: AtomicU64::new(0),
-                        latency: [Hist::new(n), Hist::new(n), Hist::new(n)],
-                        ingress: AtomicU64::new(0),
-                        egress: AtomicU64::new(0),
-                    })
-                })
-                .clone()
-        };
+        let series = self.series(Labels {
+            route: ctx.route_id.into(),
+            consumer: name.into(),
+            node: info
+                .upstream_addr
+                .map(|a| a.ip().to_string())
+                .unwrap_or_default()
+                .into(),
+            code: info.status,
+        });
         CACHE.with(|c| {
             let mut c = c.borrow_mut();
             if c.len() >= MAX_SERIES {
                 c.clear();
             }
-            c.insert(key, s.clone());
+            c.insert(
+                key,
+                Cached {
+                    route: ctx.route_id.into(),
+                    consumer: name.into(),
+                    series: series.clone(),
+                },
+            );
         });
-        s
+        series
     }
 
     /// Records one finished request.
     pub(crate) fn record(&self, ctx: &Ctx<'_>, info: &LogInfo) {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        let node = info
-            .upstream_addr
-            .map(|a| a.ip().to_string())
-            .unwrap_or_default();
-        let s = self.series(Labels {
-            route: ctx.route_id.into(),
-            consumer: ctx.consumer_name().unwrap_or("").into(),
-            node: node.into(),
-            code: info.status,
-        });
+        let s = self.cached(ctx, info);
         s.status.fetch_add(1, Ordering::Relaxed);
         let bounds = self.bounds();
         let total = info.latency.as_micros() as u64;
