@@ -16,6 +16,8 @@ pub(crate) enum BodyError {
     /// The sender failed: closed early, timed out, or sent invalid framing.
     Source(String, bool /* timed out */),
     Sink(String),
+    /// The receiver did not take the bytes within the write timeout.
+    SinkTimeout,
     /// The body is larger than the configured limit.
     TooLarge,
 }
@@ -47,7 +49,7 @@ pub(crate) async fn flush<W: AsyncWrite + Unpin>(
     match r {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(BodyError::Sink(e.to_string())),
-        Err(_) => Err(BodyError::Sink("write timed out".into())),
+        Err(_) => Err(BodyError::SinkTimeout),
     }
 }
 
@@ -185,7 +187,7 @@ async fn emit<W: AsyncWrite + Unpin>(
         match tokio::time::timeout(t, dst.write_all(data)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(BodyError::Sink(e.to_string())),
-            Err(_) => return Err(BodyError::Sink("write timed out".into())),
+            Err(_) => return Err(BodyError::SinkTimeout),
         }
     } else {
         out.put_slice(data);

@@ -431,6 +431,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             pctx.as_deref().map(|c| &c.edits),
             &mut self.out,
         );
+        // APISIX passes Upgrade/Connection upstream only on `enable_websocket` routes; elsewhere they are dropped
+        // as hop-by-hop and the upstream sees a plain request.
+        let upgrade = if route.websocket && head.upgrade {
+            head.header("upgrade")
+        } else {
+            None
+        };
+        if let Some(u) = upgrade {
+            self.out.truncate(self.out.len() - 2);
+            forward::put_header(&mut self.out, b"Upgrade", u);
+            self.out.put_slice(b"Connection: upgrade\r\n\r\n");
+        }
         let sent_err = |e: BodyError, consumed: bool| match e {
             BodyError::Sink(m) => fail(
                 Error::upstream(
@@ -511,6 +523,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         up.balancer
             .health()
             .report_http_status(node_idx, resp.status);
+        if resp.status == 101 {
+            return self
+                .switch_protocols(&resp, upgrade.is_some(), c, route, t_up)
+                .await
+                .map_err(|e| fail(e, Stage::Sent { stale: false }, *body_consumed));
+        }
 
         // Response to the client.
         let framing = forward::out_framing(&resp, head.version);
@@ -583,6 +601,60 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 request_body
             },
             response_bytes: head_len + response_body,
+            upstream_latency,
+        })
+    }
+
+    /// The upstream switched protocols: hand its 101 to the client and tunnel bytes until either side is done.
+    /// A 101 to a request that asked for no upgrade is a protocol error (502), never passed on.
+    async fn switch_protocols(
+        &mut self,
+        resp: &ResponseHead,
+        asked: bool,
+        mut c: Checkout,
+        route: &CompiledRoute,
+        t_up: Instant,
+    ) -> Result<Done, Error> {
+        if !asked {
+            return Err(Error::upstream(
+                Kind::UpstreamProtocol,
+                "101 to a request without an accepted upgrade",
+            ));
+        }
+        self.out.clear();
+        forward::response_head(
+            resp,
+            OutFraming::None,
+            sluice_http::Version::Http11,
+            true,
+            None,
+            &mut self.out,
+        );
+        self.out.truncate(self.out.len() - 2);
+        if let Some(u) = resp.header("upgrade") {
+            forward::put_header(&mut self.out, b"Upgrade", u);
+        }
+        self.out.put_slice(b"Connection: upgrade\r\n\r\n");
+        let head_len = self.out.len() as u64;
+        let upstream_latency = t_up.elapsed();
+        self.io
+            .write_all(&self.out)
+            .await
+            .map_err(|e| Error::downstream(Kind::ClientClosed, e.to_string()))?;
+        self.out.clear();
+        let carried = crate::ws::tunnel(
+            &mut self.io,
+            &mut self.rbuf,
+            &mut c.conn,
+            &mut self.ubuf,
+            route.timeouts.read,
+        )
+        .await;
+        Ok(Done {
+            keep: false,
+            status: 101,
+            request_body: carried.up,
+            response_bytes: head_len + carried.down,
             upstream_latency,
         })
     }

@@ -11,10 +11,12 @@ mod body;
 mod conn;
 mod error;
 mod forward;
+mod h2;
 mod pool;
 mod server;
 mod snapshot;
 mod tls;
+mod ws;
 
 pub use accept::ListenerKind;
 pub use error::{Error, Side};

@@ -99,17 +99,20 @@ pub(crate) struct Pool {
 
 impl Pool {
     /// A pooled connection to `node` if a live one is idle, else a new one (connect timeout applies).
-    pub(crate) async fn checkout(
+    /// `has_body` requests always probe a pooled connection first, because their body cannot be
+    /// replayed if the upstream had closed it (a bodiless request is simply retried on a fresh connection).
+    pub(crate) async fn checkout_for(
         &self,
         up: &UpstreamRt,
         node: &NodeRt,
         connect_timeout: Duration,
+        has_body: bool,
     ) -> Result<Checkout, Error> {
         let key = PoolKey {
             addr: node.addr,
             sni: node.sni.as_ref().map(|s| Arc::from(s.to_str().as_bytes())),
         };
-        if let Some(c) = self.take(&key, up.pool) {
+        if let Some(c) = self.take(&key, up.pool, has_body) {
             self.reused.set(self.reused.get() + 1);
             return Ok(c);
         }
@@ -131,7 +134,7 @@ impl Pool {
         })
     }
 
-    fn take(&self, key: &PoolKey, cfg: PoolCfg) -> Option<Checkout> {
+    fn take(&self, key: &PoolKey, cfg: PoolCfg, probe: bool) -> Option<Checkout> {
         let mut idle = self.idle.borrow_mut();
         let list = idle.get_mut(key)?;
         while let Some(c) = list.pop() {
@@ -139,7 +142,7 @@ impl Pool {
             if age >= cfg.idle_timeout {
                 continue;
             }
-            if age >= PROBE_AFTER && !alive(&c.conn) {
+            if (probe || age >= PROBE_AFTER) && !alive(&c.conn) {
                 continue;
             }
             return Some(Checkout {

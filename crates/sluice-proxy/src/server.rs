@@ -33,6 +33,8 @@ pub struct ProxyConfig {
     /// 0 = unlimited.
     pub max_body: u64,
     pub max_connections: usize,
+    /// Serve h2c (prior knowledge) on plain listeners (APISIX `apisix.enable_http2`).
+    pub enable_http2: bool,
 }
 
 impl Default for ProxyConfig {
@@ -52,6 +54,7 @@ impl ProxyConfig {
             graceful_timeout: secs(s.graceful_shutdown_timeout),
             max_body: s.client_max_body_size,
             max_connections: s.max_connections.max(1),
+            enable_http2: n.apisix.enable_http2,
         }
     }
 }

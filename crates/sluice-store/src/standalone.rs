@@ -62,9 +62,16 @@ impl Watcher {
 
     /// Starts with `initial` and spawns the polling task on the current tokio runtime.
     pub fn spawn(self, initial: Versioned) -> ConfigRx {
+        let seen = stamp(&self.path);
+        self.spawn_after(initial, seen)
+    }
+
+    /// As `spawn`, with the file's stamp taken before `initial` was read ([`file_stamp`]), so a write landing
+    /// between the first read and the watcher's start is still seen.
+    pub fn spawn_after(self, initial: Versioned, seen: Option<Stamp>) -> ConfigRx {
         let (tx, rx) = watch::channel(Arc::new(initial));
         tokio::spawn(async move {
-            let mut seen = stamp(&self.path);
+            let mut seen = seen;
             let mut revision = tx.borrow().revision;
             let mut tick = tokio::time::interval(self.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -111,7 +118,15 @@ impl Watcher {
     }
 }
 
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+/// A file's modification time and length: what the watcher compares.
+pub type Stamp = (SystemTime, u64);
+
+/// The stamp of `path` now; take it before reading the file.
+pub fn file_stamp(path: &Path) -> Option<Stamp> {
+    stamp(path)
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
     let m = std::fs::metadata(path).ok()?;
     Some((m.modified().ok()?, m.len()))
 }

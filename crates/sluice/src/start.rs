@@ -24,6 +24,7 @@ pub fn run(
     let resources_path = apisix_yaml.unwrap_or_else(|| config.with_file_name("apisix.yaml"));
 
     let check: standalone::Checker = Arc::new(|r: &Resources| Snapshot::compile(r, 0).map(|_| ()));
+    let stamp = standalone::file_stamp(&resources_path);
     let initial = standalone::load(&resources_path, &check)?;
     // Plugin state (limit counters, metrics) lives as long as the process, across every reload.
     let plugin_state = Arc::new(sluice_plugins::Shared::default());
@@ -55,7 +56,8 @@ pub fn run(
         .map_err(|e| format!("control runtime: {e}"))?;
     let poll = Duration::from_secs_f64(node.sluice.config_poll_interval.max(0.05));
     control.block_on(async {
-        let mut rx = standalone::Watcher::new(resources_path.clone(), poll, check).spawn(initial);
+        let mut rx = standalone::Watcher::new(resources_path.clone(), poll, check)
+            .spawn_after(initial, stamp);
         let gw = gateway.clone();
         tokio::spawn(async move {
             while rx.changed().await.is_ok() {

@@ -172,9 +172,6 @@ async fn publish_under_load_in_process() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: an idempotent request with a body on a stale pooled connection answers 502 (every other \
-            request here); conn.rs marks the body consumed so the stale retry is refused, where nginx replays \
-            its buffered body"]
 async fn stale_pooled_connection_with_request_body() {
     t(async {
         let o = Origin::with_mode("o", Mode::CloseAfterResponse).await;

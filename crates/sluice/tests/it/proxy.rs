@@ -315,8 +315,6 @@ async fn only_idempotent_methods_retry_after_sending() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a send timeout answers 502; body::flush reports BodyError::Sink without a timed-out flag and \
-            conn.rs maps Sink to Kind::UpstreamIo, where nginx (FT_TIMEOUT) answers 504"]
 async fn send_timeout_gives_504() {
     t(async {
         let stall = Origin::with_mode("stall", Mode::Stall).await;

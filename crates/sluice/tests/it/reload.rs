@@ -76,9 +76,6 @@ async fn reload_under_load_has_zero_failures() {
         }));
     }
 
-    // `sluice start` takes the watcher's first stamp of apisix.yaml only after its listeners accept, so a rewrite
-    // in that window would go unnoticed (reported to the lead); give the watcher time to start first.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     t(async {
         for i in 1..=12 {
             gw.write_config(&version(i, &a, &b));

@@ -1,0 +1,1 @@
+//! h2spec placeholder (filled below).
