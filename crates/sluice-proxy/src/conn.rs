@@ -408,7 +408,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let mut c: Checkout = self
             .w
             .pool
-            .checkout(up, node, t.connect)
+            .checkout_for(up, node, t.connect, head.body != BodyKind::Empty)
             .await
             .map_err(|e| fail(e, Stage::BeforeSend, *body_consumed))?;
         if !c.reused {
@@ -444,6 +444,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             self.out.put_slice(b"Connection: upgrade\r\n\r\n");
         }
         let sent_err = |e: BodyError, consumed: bool| match e {
+            // nginx answers a send timeout with 504, like a read timeout.
+            BodyError::SinkTimeout => fail(
+                Error::upstream(
+                    Kind::UpstreamTimeout,
+                    format!("upstream {}: send timed out", node.addr),
+                ),
+                Stage::Sent { stale: false },
+                consumed,
+            ),
             BodyError::Sink(m) => fail(
                 Error::upstream(
                     Kind::UpstreamIo,
@@ -562,6 +571,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         .await;
         let response_body = match copied {
             Ok(n) => n,
+            Err(BodyError::SinkTimeout) => {
+                return Err(fail(
+                    Error::downstream(Kind::ClientTimeout, "client write timed out"),
+                    Stage::Responding,
+                    true,
+                ));
+            }
             Err(BodyError::Sink(m)) => {
                 return Err(fail(
                     Error::downstream(Kind::ClientClosed, m),
