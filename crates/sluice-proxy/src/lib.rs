@@ -12,13 +12,15 @@ mod conn;
 mod error;
 mod forward;
 mod h2;
+mod health_check;
 mod pool;
 mod server;
 mod snapshot;
 mod tls;
+mod tls_server;
 mod ws;
 
 pub use accept::ListenerKind;
 pub use error::{Error, Side};
-pub use server::{Gateway, Listeners, ProxyConfig, Running};
+pub use server::{Gateway, Listeners, NodeHealth, ProxyConfig, Running, UpstreamHealth};
 pub use snapshot::Snapshot;

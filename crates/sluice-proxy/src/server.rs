@@ -90,6 +90,23 @@ pub struct Gateway {
     shared: Arc<Shared>,
 }
 
+/// One upstream's nodes as health checks see them ([`Gateway::node_health`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamHealth {
+    /// `u:<upstream id>` or `r:<route id>` (inline upstream).
+    pub key: String,
+    /// Whether an active checker probes it.
+    pub active: bool,
+    pub nodes: Vec<NodeHealth>,
+}
+
+/// One node: its `host:port` as configured and its health counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHealth {
+    pub addr: String,
+    pub status: sluice_upstream::NodeStatus,
+}
+
 /// Listeners bound before the gateway starts, so tests and the binary can learn the real ports (port 0) and hand
 /// the sockets over without a bind race.
 pub struct Listeners {
@@ -208,6 +225,42 @@ impl Gateway {
     /// Open downstream connections.
     pub fn connections(&self) -> usize {
         self.shared.connections.load(Ordering::Relaxed)
+    }
+
+    /// Runs the active health checkers (APISIX `checks.active`) of every published upstream until shutdown,
+    /// following reloads. Spawn it on a runtime that is not a worker's (the binary's control runtime).
+    pub fn run_health_checks(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        crate::health_check::run(self.shared.clone())
+    }
+
+    /// Per-upstream node health of the serving snapshot, sorted by upstream key (`u:<id>` for upstream resources,
+    /// `r:<route id>` for inline ones), for the Admin API.
+    pub fn node_health(&self) -> Vec<UpstreamHealth> {
+        let snap = self.shared.snapshot.load();
+        let mut out: Vec<UpstreamHealth> = snap
+            .upstream_entries()
+            .map(|(key, up)| UpstreamHealth {
+                key: key.to_string(),
+                active: up.active.is_some(),
+                nodes: up
+                    .balancer
+                    .health()
+                    .snapshot()
+                    .into_iter()
+                    .map(|st| NodeHealth {
+                        addr: up
+                            .balancer
+                            .nodes()
+                            .get(st.index)
+                            .map(|n| n.addr.clone())
+                            .unwrap_or_default(),
+                        status: st,
+                    })
+                    .collect(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        out
     }
 
     /// Starts one worker thread per listener set.

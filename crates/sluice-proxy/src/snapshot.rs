@@ -15,7 +15,9 @@ use sluice_plugins::{Chain, CompileEnv, Shared};
 use sluice_router::{RouteSpec, Router, Var};
 use sluice_upstream::{Balancer, LbKind, NodeSpec};
 
+use crate::health_check::{self, ActiveCheck, Checks};
 use crate::tls;
+use crate::tls_server::SniTable;
 
 /// One published configuration. Immutable; replaced whole.
 pub struct Snapshot {
@@ -26,6 +28,8 @@ pub struct Snapshot {
     pub(crate) global: Option<Arc<Chain>>,
     /// Upstream runtimes by `u:<id>` (shared upstreams) or `r:<route id>` (inline ones), for the next compile.
     upstreams: AHashMap<Box<str>, Arc<UpstreamRt>>,
+    /// Certificates by SNI for TLS listeners (`ssls`).
+    pub(crate) tls: SniTable,
 }
 
 pub(crate) struct CompiledRoute {
@@ -33,7 +37,6 @@ pub(crate) struct CompiledRoute {
     pub upstream: Arc<UpstreamRt>,
     pub timeouts: Timeouts,
     pub plugins: Option<Arc<Chain>>,
-    #[allow(dead_code)] // read by the WebSocket path (issue 3)
     pub websocket: bool,
 }
 
@@ -94,6 +97,8 @@ pub(crate) struct UpstreamRt {
     pub retry_timeout: Option<Duration>,
     pub timeouts: Option<Timeouts>,
     pub pool: PoolCfg,
+    /// `checks.active`: probed by the checker task (`health_check::run`).
+    pub active: Option<Arc<ActiveCheck>>,
     /// The configuration this was compiled from: an unchanged upstream keeps its runtime across reloads.
     source: Upstream,
 }
@@ -107,11 +112,21 @@ impl Snapshot {
             routes: Vec::new(),
             global: None,
             upstreams: AHashMap::new(),
+            tls: SniTable::default(),
         }
     }
 
     pub fn route_count(&self) -> usize {
         self.routes.len()
+    }
+
+    /// Every upstream runtime with its key (`u:<id>` or `r:<route id>`), for the health checker and status API.
+    pub(crate) fn upstream_runtimes(&self) -> impl Iterator<Item = &Arc<UpstreamRt>> {
+        self.upstreams.values()
+    }
+
+    pub(crate) fn upstream_entries(&self) -> impl Iterator<Item = (&str, &Arc<UpstreamRt>)> {
+        self.upstreams.iter().map(|(k, v)| (&**k, v))
     }
 
     /// Compiles `res` with throwaway plugin state: a dry run that validates a configuration.
@@ -238,12 +253,14 @@ impl Snapshot {
             let id = routes.get(e.index).map_or("?", |r| &r.id);
             format!("route {id}: {}", e.reason)
         })?;
+        let tls = SniTable::compile(&res.ssls)?;
         Ok(Snapshot {
             revision,
             router,
             routes,
             global,
             upstreams,
+            tls,
         })
     }
 }
@@ -335,9 +352,18 @@ fn compile_upstream(u: &Upstream) -> Result<UpstreamRt, String> {
         None
     };
     let kp = u.keepalive_pool;
+    let checks = match &u.checks {
+        Some(v) => health_check::parse(v)?,
+        None => Checks::default(),
+    };
+    let balancer = match checks.passive {
+        Some(p) => Balancer::with_passive(kind, specs, p),
+        None => Balancer::new(kind, specs),
+    };
     Ok(UpstreamRt {
         source: u.clone(),
-        balancer: Balancer::new(kind, specs),
+        active: checks.active.map(Arc::new),
+        balancer,
         nodes,
         tls: tls_cfg,
         pass_host,

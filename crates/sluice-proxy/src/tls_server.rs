@@ -1,0 +1,238 @@
+//! TLS termination for the `Tls` listener kind (APISIX `apisix.ssl`, port 9443): certificates from `ssls`
+//! resources, chosen by SNI.
+//!
+//! Every enabled `ssls` entry compiles, at snapshot compile, into one rustls `ServerConfig` holding all its
+//! certificates (`cert`/`key` plus `certs`/`keys`, RSA and ECDSA side by side: the handshake picks the one whose key
+//! can sign with a scheme the client offers) and, when `client.ca` is set, a client-certificate verifier (mTLS for
+//! that SNI only). The [`SniTable`] maps exact names and `*.suffix` wildcards to those configs. Since the table lives
+//! in the [`crate::Snapshot`], rotating a certificate is publishing a new snapshot: the next handshake reads the new
+//! table, connections already established keep the key they negotiated.
+//!
+//! The handshake reads the ClientHello first (`LazyConfigAcceptor`) so the per-SNI config, including its client
+//! verifier, is chosen before the server speaks. ALPN offers h2 then http/1.1; `h2` connections go to `crate::h2`. Session tickets come from one process-wide ticketer, so resumption
+//! survives snapshot swaps. This module does not speak HTTP: `accept` hands the decrypted stream to `Conn`.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::{Arc, OnceLock};
+
+use ahash::AHashMap;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::ServerConfig;
+use sluice_model::Ssl;
+use tokio::net::TcpStream;
+use tokio_rustls::LazyConfigAcceptor;
+
+use crate::conn::Conn;
+use crate::server::Worker;
+
+/// ALPN protocols offered on TLS listeners, preferred first (a client that offers none gets HTTP/1.1).
+const ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
+
+/// Compiled `ssls`: SNI -> server configuration.
+#[derive(Default)]
+pub(crate) struct SniTable {
+    exact: AHashMap<Box<str>, Arc<ServerConfig>>,
+    /// Keyed by the suffix after `*.` (`*.example.com` -> `example.com`).
+    wildcard: AHashMap<Box<str>, Arc<ServerConfig>>,
+}
+
+impl std::fmt::Debug for SniTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SniTable")
+            .field("exact", &self.exact.keys().collect::<Vec<_>>())
+            .field("wildcard", &self.wildcard.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl SniTable {
+    /// Compiles every enabled `ssls` entry (`status` absent or 1). An error names the ssl at fault.
+    pub(crate) fn compile(ssls: &[Ssl]) -> Result<SniTable, String> {
+        let mut t = SniTable::default();
+        for s in ssls.iter().filter(|s| s.status.unwrap_or(1) == 1) {
+            let cfg = server_config(s).map_err(|e| format!("ssl {}: {e}", s.id))?;
+            let mut names: Vec<&str> = s.snis.iter().map(String::as_str).collect();
+            names.extend(s.sni.as_deref());
+            if names.is_empty() {
+                return Err(format!("ssl {}: one of sni or snis is required", s.id));
+            }
+            for n in names {
+                let n = n.to_ascii_lowercase();
+                match n.strip_prefix("*.") {
+                    Some(suffix) => t.wildcard.insert(suffix.into(), cfg.clone()),
+                    None => t.exact.insert(n.into(), cfg.clone()),
+                };
+            }
+        }
+        Ok(t)
+    }
+
+    /// Exact name first, then a wildcard covering exactly one leftmost label (RFC 6125 6.4.3: `*.example.com`
+    /// matches `a.example.com`, neither `example.com` nor `a.b.example.com`).
+    pub(crate) fn lookup(&self, sni: &str) -> Option<&Arc<ServerConfig>> {
+        // SNI is case-insensitive; clients almost always send lowercase, so only fold when needed.
+        let lower;
+        let sni = if sni.bytes().any(|b| b.is_ascii_uppercase()) {
+            lower = sni.to_ascii_lowercase();
+            lower.as_str()
+        } else {
+            sni
+        };
+        if let Some(c) = self.exact.get(sni) {
+            return Some(c);
+        }
+        let (_, suffix) = sni.split_once('.')?;
+        self.wildcard.get(suffix)
+    }
+}
+
+/// Terminates TLS on an accepted connection and serves HTTP/1.1 over it. The handshake (ClientHello included) must
+/// finish within the header timeout; an unknown or missing SNI ends the connection with an alert, as APISIX does
+/// without a fallback certificate.
+pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, local: SocketAddr, w: Rc<Worker>) {
+    let limit = w.shared.cfg.header_timeout;
+    let handshake = async {
+        let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream).await?;
+        let snap = w.shared.snapshot.load();
+        let cfg = start
+            .client_hello()
+            .server_name()
+            .and_then(|n| snap.tls.lookup(n))
+            .cloned();
+        drop(snap);
+        let Some(cfg) = cfg else {
+            return Err(std::io::Error::other(
+                "no certificate for the requested SNI",
+            ));
+        };
+        start.into_stream(cfg).await
+    };
+    match tokio::time::timeout(limit, handshake).await {
+        Ok(Ok(tls)) => {
+            if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                crate::h2::serve(tls, peer, local, "https", w).await
+            } else {
+                Conn::new(tls, peer, local, "https", w).run().await
+            }
+        }
+        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    static P: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    P.get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
+        .clone()
+}
+
+/// One ticketer for the process: tickets issued before a snapshot swap still resume after it.
+fn ticketer() -> Result<Arc<dyn rustls::server::ProducesTickets>, String> {
+    static T: OnceLock<Arc<dyn rustls::server::ProducesTickets>> = OnceLock::new();
+    if let Some(t) = T.get() {
+        return Ok(t.clone());
+    }
+    let t = rustls::crypto::ring::Ticketer::new().map_err(|e| e.to_string())?;
+    Ok(T.get_or_init(|| t).clone())
+}
+
+/// Session-id cache shared by every config (TLS 1.2 clients without ticket support).
+fn session_cache() -> Arc<dyn rustls::server::StoresServerSessions> {
+    static C: OnceLock<Arc<rustls::server::ServerSessionMemoryCache>> = OnceLock::new();
+    C.get_or_init(|| rustls::server::ServerSessionMemoryCache::new(16 * 1024))
+        .clone()
+}
+
+fn server_config(s: &Ssl) -> Result<Arc<ServerConfig>, String> {
+    let mut keys = vec![certified_key(&s.cert, &s.key)?];
+    if s.certs.len() != s.keys.len() {
+        return Err("certs and keys must have the same length".into());
+    }
+    for (c, k) in s.certs.iter().zip(&s.keys) {
+        keys.push(certified_key(c, k)?);
+    }
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| e.to_string())?;
+    let builder = match client_ca(s)? {
+        Some(verifier) => builder.with_client_cert_verifier(verifier),
+        None => builder.with_no_client_auth(),
+    };
+    let mut cfg = builder.with_cert_resolver(Arc::new(MultiCert(keys)));
+    cfg.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    cfg.ticketer = ticketer()?;
+    cfg.session_storage = session_cache();
+    Ok(Arc::new(cfg))
+}
+
+fn certified_key(cert: &str, key: &str) -> Result<Arc<CertifiedKey>, String> {
+    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("invalid cert: {e}"))?;
+    if chain.is_empty() {
+        return Err("cert holds no PEM certificate".into());
+    }
+    let der =
+        PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| format!("invalid key: {e}"))?;
+    let signing = provider()
+        .key_provider
+        .load_private_key(der)
+        .map_err(|e| format!("unsupported key: {e}"))?;
+    let ck = CertifiedKey::new(chain, signing);
+    // Catches a key that does not belong to its certificate at config time, not at the first handshake.
+    ck.keys_match()
+        .map_err(|e| format!("cert and key do not match: {e}"))?;
+    Ok(Arc::new(ck))
+}
+
+/// `client.ca` (PEM): client certificates are required and verified against it. `client.depth` is accepted but
+/// not enforced (rustls bounds chain length itself).
+fn client_ca(
+    s: &Ssl,
+) -> Result<Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>, String> {
+    let Some(ca) = s
+        .client
+        .as_ref()
+        .and_then(|c| c.get("ca"))
+        .and_then(|c| c.as_str())
+    else {
+        return Ok(None);
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        let c = c.map_err(|e| format!("invalid client.ca: {e}"))?;
+        roots
+            .add(c)
+            .map_err(|e| format!("invalid client.ca: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("client.ca holds no PEM certificate".into());
+    }
+    let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| format!("client.ca: {e}"))?;
+    Ok(Some(v))
+}
+
+/// Every certificate of one `ssls` entry; the first whose key can sign with a scheme the client offers wins, so an
+/// ECDSA-only client gets the ECDSA certificate and an RSA-only one the RSA certificate.
+#[derive(Debug)]
+struct MultiCert(Vec<Arc<CertifiedKey>>);
+
+impl ResolvesServerCert for MultiCert {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let offered = hello.signature_schemes();
+        self.0
+            .iter()
+            .find(|k| k.key.choose_scheme(offered).is_some())
+            .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests;
