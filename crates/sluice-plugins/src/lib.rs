@@ -38,6 +38,7 @@ mod real_ip;
 mod redirect;
 mod referer_restriction;
 mod request_id;
+mod request_validation;
 mod response_rewrite;
 mod ua_restriction;
 

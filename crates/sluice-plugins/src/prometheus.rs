@@ -153,7 +153,7 @@ type CacheKey = (u64, usize, usize, Option<std::net::SocketAddr>, u16);
 thread_local! {
     /// (registry id, route id ptr, consumer ptr, upstream, status) -> series: a request whose labels this
     /// thread has seen takes no lock and allocates nothing.
-    static CACHE: RefCell<HashMap<CacheKey, Cached>> = RefCell::new(HashMap::new());
+    static CACHE: RefCell<ahash::AHashMap<CacheKey, Cached>> = RefCell::new(ahash::AHashMap::new());
 }
 
 impl Metrics {

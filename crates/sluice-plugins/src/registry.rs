@@ -30,6 +30,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::ip_restriction::ENTRY,
     crate::ua_restriction::ENTRY,
     crate::referer_restriction::ENTRY,
+    crate::request_validation::ENTRY,
     crate::basic_auth::ENTRY,
     crate::jwt_auth::ENTRY,
     crate::key_auth::ENTRY,

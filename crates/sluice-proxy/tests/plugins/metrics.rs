@@ -52,6 +52,7 @@ fn metrics_are_served_at_the_apisix_path() {
     let o = Origin::start();
     let gw = Gw::start(json!({"routes": [route("r1", "/hello", &o, json!({"prometheus": {}}))]}));
     assert_eq!(gw.get("/hello", &[]).status, 200);
+    settled(&gw, "apisix_http_requests_total 1");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

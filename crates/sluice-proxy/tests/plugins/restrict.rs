@@ -258,3 +258,32 @@ fn real_ip_feeds_ip_restriction_and_limit_keys() {
         403
     );
 }
+
+#[test]
+fn request_validation_header_schema() {
+    let o = Origin::start();
+    let gw = one(
+        &o,
+        json!({"request-validation": {"header_schema": {"type": "object", "required": ["x-token"],
+            "properties": {"x-token": {"type": "string", "minLength": 3}}}}}),
+    );
+    let r = gw.get("/hello", &[]);
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("x-token"), "{}", r.body);
+    assert_eq!(gw.get("/hello", &[("X-Token", "ab")]).status, 400);
+    assert_eq!(gw.get("/hello", &[("X-Token", "abc")]).status, 200);
+    drop(gw);
+    let gw = one(
+        &o,
+        json!({"request-validation": {"header_schema": {"type": "object", "required": ["x-token"]},
+            "rejected_code": 403, "rejected_msg": "customize reject message"}}),
+    );
+    let r = gw.get("/hello", &[]);
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (403, "customize reject message")
+    );
+    assert!(Gw::try_start(json!({"routes": [route("r1", "/a", &o,
+        json!({"request-validation": {"body_schema": {"type": "object"}}}))]}))
+    .is_err());
+}
