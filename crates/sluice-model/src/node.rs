@@ -206,6 +206,8 @@ pub struct SluiceSection {
     pub max_connections: usize,
     /// How often the standalone provider checks apisix.yaml for changes, in seconds.
     pub config_poll_interval: f64,
+    /// Where the embedded store keeps its file; relative paths are taken from the config file's directory.
+    pub data_dir: String,
 }
 
 impl Default for SluiceSection {
@@ -217,6 +219,7 @@ impl Default for SluiceSection {
             client_max_body_size: 0,
             max_connections: 65536,
             config_poll_interval: 1.0,
+            data_dir: "../.data".into(),
         }
     }
 }

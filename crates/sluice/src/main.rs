@@ -1,6 +1,7 @@
 //! The `sluice` command: `start` runs the gateway, `mock` a fast origin, `bench` the benchmark suite.
 //! Each subcommand lives in its own crate or module; this file only parses arguments and dispatches.
 
+mod catalog;
 mod start;
 
 use std::path::PathBuf;
@@ -40,7 +41,7 @@ enum Cmd {
     /// Run a fast mock upstream (HTTP/1.1 keep-alive, fixed body, optional delay).
     Mock(sluice_mock::MockArgs),
     /// Run the benchmark suite (direct vs Sluice vs nginx/HAProxy) and write a JSON + HTML report.
-    Bench(sluice_bench::BenchArgs),
+    Bench(Box<sluice_bench::BenchArgs>),
     /// Print the version.
     Version,
 }
@@ -70,7 +71,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Cmd::Bench(args) => match sluice_bench::run(args) {
+        Cmd::Bench(args) => match sluice_bench::run(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("sluice bench: {e}");

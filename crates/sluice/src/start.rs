@@ -1,16 +1,21 @@
-//! `sluice start`: read the node configuration, load resources from the configured provider, compile and publish
-//! them, start the workers, re-publish on every change, and drain on SIGTERM/SIGQUIT/SIGINT.
+//! `sluice start`: read the node configuration, take resources from the configured provider, compile and publish
+//! them, start the workers, re-publish on every change, serve the Admin API, and drain on SIGTERM/SIGQUIT/SIGINT.
 //!
-//! The control plane (providers, reload, signals) runs on its own small runtime; the data-plane workers never wait
-//! on it: they only see a new snapshot pointer.
+//! Providers: `data_plane` + `yaml` is APISIX's standalone mode (apisix.yaml, read-only); `traditional` uses the
+//! embedded store (default) or etcd, written through the Admin API. The control plane (providers, reload, Admin
+//! API, signals) runs on its own small runtime; the data-plane workers never wait on it: they only see a new
+//! snapshot pointer.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_model::{NodeConfig, Resources};
 use sluice_proxy::{Gateway, Listeners, ProxyConfig, Snapshot};
-use sluice_store::standalone;
+use sluice_store::{kv, standalone, ConfigRx};
+
+use crate::catalog::RegistryCatalog;
 
 pub fn run(
     config: &Path,
@@ -22,63 +27,167 @@ pub fn run(
     let node: NodeConfig = sluice_store::parse_node_config(&text)?;
     let workers = workers.unwrap_or_else(|| node.nginx_config.worker_processes.resolve());
     let resources_path = apisix_yaml.unwrap_or_else(|| config.with_file_name("apisix.yaml"));
-
-    let check: standalone::Checker = Arc::new(|r: &Resources| Snapshot::compile(r, 0).map(|_| ()));
-    let stamp = standalone::file_stamp(&resources_path);
-    let initial = standalone::load(&resources_path, &check)?;
-    // Plugin state (limit counters, metrics) lives as long as the process, across every reload.
-    let plugin_state = Arc::new(sluice_plugins::Shared::default());
-    let snapshot = Snapshot::compile_with(&initial.resources, initial.revision, &plugin_state)?;
-
-    let addrs = node
-        .apisix
-        .node_listen
-        .iter()
-        .map(|l| l.socket_addr())
-        .collect::<Result<Vec<_>, _>>()?;
-    let listeners =
-        Listeners::bind(&addrs, workers).map_err(|e| format!("binding {addrs:?}: {e}"))?;
-    let gateway = Gateway::new(ProxyConfig::from_node(&node), snapshot);
-    let running = gateway
-        .start(listeners)
-        .map_err(|e| format!("starting workers: {e}"))?;
-    tracing::info!(
-        listen = ?addrs,
-        workers,
-        routes = initial.resources.routes.len(),
-        resources = %resources_path.display(),
-        "sluice started"
-    );
+    let conf_dir = config.parent().unwrap_or(Path::new(".")).to_path_buf();
 
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("control runtime: {e}"))?;
-    let poll = Duration::from_secs_f64(node.sluice.config_poll_interval.max(0.05));
-    control.block_on(async {
-        let mut rx = standalone::Watcher::new(resources_path.clone(), poll, check)
-            .spawn_after(initial, stamp);
+    control.block_on(async move {
+        // Plugin state (limit counters, metrics) lives as long as the process, across every reload.
+        let plugin_state = Arc::new(sluice_plugins::Shared::default());
+        let check: sluice_admin::Checker =
+            Arc::new(|r: &Resources| Snapshot::compile(r, 0).map(|_| ()));
+
+        let provider = sluice_store::provider_name(&node).to_owned();
+        let (mut rx, store): (ConfigRx, Option<Arc<dyn kv::Store>>) = if provider == "yaml" {
+            let stamp = standalone::file_stamp(&resources_path);
+            let initial = standalone::load(&resources_path, &check)?;
+            let poll = Duration::from_secs_f64(node.sluice.config_poll_interval.max(0.05));
+            let rx = standalone::Watcher::new(resources_path.clone(), poll, check.clone())
+                .spawn_after(initial, stamp);
+            (rx, None)
+        } else {
+            let data_dir = conf_dir.join(&node.sluice.data_dir);
+            std::fs::create_dir_all(&data_dir)
+                .map_err(|e| format!("creating {}: {e}", data_dir.display()))?;
+            let store = sluice_store::open_store(&node, &data_dir).await?;
+            seed_if_empty(store.as_ref(), &resources_path, &check).await?;
+            (store.subscribe(), Some(store))
+        };
+
+        let initial = rx.borrow_and_update().clone();
+        let snapshot = Snapshot::compile_with(&initial.resources, initial.revision, &plugin_state)?;
+        let addrs = listen_addrs(&node)?;
+        let listeners =
+            Listeners::bind(&addrs, workers).map_err(|e| format!("binding {addrs:?}: {e}"))?;
+        let gateway = Gateway::new(ProxyConfig::from_node(&node), snapshot);
+        let running = gateway
+            .start(listeners)
+            .map_err(|e| format!("starting workers: {e}"))?;
+        let (applied_tx, applied_rx) = tokio::sync::watch::channel(initial.revision);
+
+        if let Some(store) = store.clone().filter(|_| node.apisix.enable_admin) {
+            let admin = sluice_admin::AdminConfig::from_node_config(&node)?;
+            let listener = tokio::net::TcpListener::bind(admin.listen)
+                .await
+                .map_err(|e| format!("binding the Admin API on {}: {e}", admin.listen))?;
+            tracing::info!(listen = %admin.listen, "admin API listening");
+            let state = sluice_admin::AdminState::new(
+                admin,
+                store,
+                check.clone(),
+                Arc::new(RegistryCatalog),
+                applied_rx,
+            );
+            tokio::spawn(sluice_admin::serve(listener, state));
+        }
+        tracing::info!(
+            listen = ?addrs,
+            workers,
+            provider = %provider,
+            routes = initial.resources.routes.len(),
+            revision = initial.revision,
+            "sluice started"
+        );
+
         let gw = gateway.clone();
+        let state = plugin_state.clone();
         tokio::spawn(async move {
             while rx.changed().await.is_ok() {
                 let v = rx.borrow_and_update().clone();
                 let prev = gw.snapshot();
-                match Snapshot::compile_next(&v.resources, v.revision, &plugin_state, Some(&prev)) {
+                match Snapshot::compile_next(&v.resources, v.revision, &state, Some(&prev)) {
                     Ok(s) => {
                         let routes = s.route_count();
                         gw.publish(s);
+                        applied_tx.send_replace(v.revision);
                         tracing::info!(revision = v.revision, routes, "configuration applied");
                     }
-                    Err(e) => tracing::error!(error = %e, "configuration rejected"),
+                    Err(e) => {
+                        tracing::error!(revision = v.revision, error = %e, "configuration rejected")
+                    }
                 }
             }
         });
         wait_for_signal().await;
-    });
-    tracing::info!("shutting down: draining connections");
-    gateway.shutdown();
-    running.join();
-    tracing::info!("stopped");
+        tracing::info!("shutting down: draining connections");
+        gateway.shutdown();
+        tokio::task::spawn_blocking(move || running.join())
+            .await
+            .map_err(|e| format!("joining workers: {e}"))?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+fn listen_addrs(node: &NodeConfig) -> Result<Vec<SocketAddr>, String> {
+    node.apisix
+        .node_listen
+        .iter()
+        .map(|l| l.socket_addr())
+        .collect()
+}
+
+/// First start of an empty store: import apisix.yaml (when present) so a fresh node serves its sample routes.
+/// Afterwards the store is the source of truth and the file is ignored.
+async fn seed_if_empty(
+    store: &dyn kv::Store,
+    path: &Path,
+    check: &sluice_admin::Checker,
+) -> Result<(), String> {
+    if !store.snapshot().entries.is_empty() || !path.exists() {
+        return Ok(());
+    }
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let res = standalone::parse(&text)?;
+    check(&res)?;
+    let mut ops = Vec::new();
+    let mut put = |kind: &str, id: &str, v: serde_json::Value| {
+        ops.push(kv::Op::Put {
+            key: format!("{kind}/{id}"),
+            value: v,
+            expect_mod: Some(0),
+        })
+    };
+    fn json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+        serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+    }
+    for r in &res.routes {
+        put("routes", &r.id.0, json(r));
+    }
+    for s in &res.services {
+        put("services", &s.id.0, json(s));
+    }
+    for u in &res.upstreams {
+        put(
+            "upstreams",
+            u.id.as_ref().map_or("", |i| i.0.as_str()),
+            json(u),
+        );
+    }
+    for c in &res.consumers {
+        put("consumers", &c.username, json(c));
+    }
+    for g in &res.global_rules {
+        put("global_rules", &g.id.0, json(g));
+    }
+    for p in &res.plugin_configs {
+        put("plugin_configs", &p.id.0, json(p));
+    }
+    for s in &res.ssls {
+        put("ssls", &s.id.0, json(s));
+    }
+    if ops.is_empty() {
+        return Ok(());
+    }
+    let n = ops.len();
+    store
+        .commit(ops)
+        .await
+        .map_err(|e| format!("seeding the store from {}: {e}", path.display()))?;
+    tracing::info!(resources = n, from = %path.display(), "empty store seeded");
     Ok(())
 }
 
