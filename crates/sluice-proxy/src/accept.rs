@@ -18,6 +18,9 @@ pub enum ListenerKind {
     Plain,
     /// TLS with certificates from `ssls` chosen by SNI (APISIX `apisix.ssl.listen`).
     Tls,
+    /// HTTP/2 cleartext only, by prior knowledge: no HTTP/1.1 fallback, so anything but the h2 preface is a
+    /// connection error (RFC 9113 §3.4). For h2c-only (e.g. gRPC) ports; `Plain` sniffs and serves both.
+    H2c,
 }
 
 pub(crate) async fn serve(
@@ -37,5 +40,12 @@ pub(crate) async fn serve(
             }
         }
         ListenerKind::Tls => crate::tls_server::serve(stream, peer, local, w).await,
+        ListenerKind::H2c => {
+            if crate::h2::sniff_preface(&stream, w.shared.cfg.header_timeout).await {
+                crate::h2::serve(stream, peer, local, "http", w).await
+            } else {
+                crate::h2::refuse(stream).await
+            }
+        }
     }
 }

@@ -386,6 +386,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         Ok(keep)
     }
 
+    #[allow(clippy::too_many_arguments)] // the per-attempt state is borrowed piecewise from `handle`
     async fn attempt(
         &mut self,
         head: &RequestHead,

@@ -56,6 +56,21 @@ pub(crate) async fn sniff_preface(stream: &TcpStream, t: Duration) -> bool {
     }
 }
 
+/// Closes a connection that did not open with the preface (RFC 9113 §3.4: no frames can be exchanged yet):
+/// FIN first, then what the client sent is drained briefly so the close is orderly rather than a reset.
+pub(crate) async fn refuse(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    // Bounded by the deadline; ends at the client's EOF.
+    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, stream.read(&mut sink)).await {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
 /// Serves one HTTP/2 connection (the preface not yet consumed) until the client or shutdown ends it.
 pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     io: S,

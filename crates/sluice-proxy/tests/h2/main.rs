@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use sluice_model::Resources;
-use sluice_proxy::{Gateway, Listeners, ProxyConfig, Running, Snapshot};
+use sluice_proxy::{Gateway, ListenerKind, Listeners, ProxyConfig, Running, Snapshot};
 
 /// An HTTP/1.1 origin. Each response body is `method target\n<headers, lower-cased, one per line>\n\n<body>`;
 /// `/big` answers 1 MiB of `x`, `/chunked` answers a chunked body with a trailer.
@@ -168,10 +168,15 @@ pub struct Gw {
 
 impl Gw {
     pub fn start(res: Value, cfg: ProxyConfig) -> Gw {
+        Self::start_kind(res, cfg, ListenerKind::Plain)
+    }
+
+    pub fn start_kind(res: Value, cfg: ProxyConfig, kind: ListenerKind) -> Gw {
         let res: Resources = serde_json::from_value(res).expect("resources");
         let snap = Snapshot::compile(&res, 1).expect("compiles");
         let gw = Gateway::new(cfg, snap);
-        let listeners = Listeners::bind(&["127.0.0.1:0".parse().unwrap()], 1).expect("bind");
+        let listeners =
+            Listeners::bind_kinds(&[("127.0.0.1:0".parse().unwrap(), kind)], 1).expect("bind");
         let addr = listeners.local_addrs[0];
         let running = gw.start(listeners).expect("start");
         Gw {
