@@ -3,6 +3,7 @@
 //! shutdown and the seed scenario, all over real sockets on 127.0.0.1. In-process gateways for most tests, the
 //! real `sluice` binary for reload, shutdown and the seed. Benchmarks are not here (sluice-bench owns them).
 
+mod admin;
 mod balancer;
 mod bodies;
 mod connection;

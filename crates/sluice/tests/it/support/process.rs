@@ -95,6 +95,49 @@ impl Sluice {
         panic!("sluice start failed twice: {last}");
     }
 
+    /// Starts `sluice start` in APISIX's traditional role: the embedded store in `dir/data` (seeded from
+    /// `apisix_yaml` on first start when given), the Admin API on a free loopback port with `key`. Returns the
+    /// gateway and the Admin API address. Reuses `dir` when given (to test a restart on the same store).
+    pub async fn start_traditional(
+        apisix_yaml: Option<&str>,
+        key: &str,
+        dir: Option<TempDir>,
+    ) -> (Sluice, SocketAddr) {
+        let dir = dir.unwrap_or_else(|| TempDir::new("trad"));
+        if let Some(y) = apisix_yaml {
+            std::fs::write(dir.0.join("apisix.yaml"), y).expect("write apisix.yaml");
+        }
+        let (port, admin_port) = (free_port(), free_port());
+        let cfg = format!(
+            "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: true\n\
+             nginx_config:\n  worker_processes: 1\n\
+             deployment:\n  role: traditional\n  role_traditional:\n    config_provider: embedded\n\
+             \x20 admin:\n    admin_listen:\n      ip: 127.0.0.1\n      port: {admin_port}\n\
+             \x20   admin_key:\n      - name: admin\n        key: {key}\n        role: admin\n\
+             sluice:\n  data_dir: data\n"
+        );
+        std::fs::write(dir.0.join("config.yaml"), cfg).expect("write config.yaml");
+        let mut child = Command::new(BIN)
+            .arg("start")
+            .arg("-c")
+            .arg(dir.0.join("config.yaml"))
+            .env("SLUICE_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn sluice");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let admin: SocketAddr = ([127, 0, 0, 1], admin_port).into();
+        wait_listening(addr, &mut child)
+            .await
+            .expect("gateway listening");
+        wait_listening(admin, &mut child)
+            .await
+            .expect("admin listening");
+        (Sluice { child, addr, dir }, admin)
+    }
+
     /// Replaces apisix.yaml atomically (write a temp file, rename over).
     pub fn write_config(&self, apisix_yaml: &str) {
         let tmp = self.dir.0.join("apisix.yaml.tmp");
