@@ -292,9 +292,7 @@ fn h2_request_body_streams_chunked_and_with_length() {
     let addr = gw.addr;
     rt().block_on(async move {
         let mut c = connect(addr).await;
-        let req = http::Request::post(format!("http://t/echo"))
-            .body(())
-            .unwrap();
+        let req = http::Request::post("http://t/echo").body(()).unwrap();
         let (status, _, body, _) = send(&mut c, req, &[b"hello ", b"h2 ", b"world"]).await;
         let body = String::from_utf8(body).unwrap();
         assert_eq!(status, 200);
@@ -414,8 +412,10 @@ fn http1_still_served_on_the_h2c_port() {
 #[test]
 fn h2c_disabled_answers_the_preface_as_http1() {
     let o = Origin::start();
-    let mut cfg = ProxyConfig::default();
-    cfg.enable_http2 = false;
+    let cfg = ProxyConfig {
+        enable_http2: false,
+        ..ProxyConfig::default()
+    };
     let gw = Gw::start(route_to(&o), cfg);
     let mut s = TcpStream::connect(gw.addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
