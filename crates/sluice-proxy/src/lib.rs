@@ -13,6 +13,7 @@ mod error;
 mod forward;
 mod h2;
 mod health_check;
+mod listen;
 mod pool;
 mod server;
 mod snapshot;
@@ -22,5 +23,6 @@ mod ws;
 
 pub use accept::ListenerKind;
 pub use error::{Error, Side};
+pub use listen::{listen_addrs, DEFAULT_TLS_PORT};
 pub use server::{Gateway, Listeners, NodeHealth, ProxyConfig, Running, UpstreamHealth};
 pub use snapshot::Snapshot;

@@ -1,0 +1,81 @@
+//! A malicious or broken upstream: its response is checked like a request (no response splitting).
+
+use super::*;
+
+/// An origin that answers every connection with `raw` once, then closes.
+fn scripted(raw: &'static [u8]) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            std::thread::spawn(move || {
+                let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut chunk) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = c.write_all(raw);
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn malformed_upstream_heads_become_502_and_nothing_is_smuggled() {
+    let cases: &[(&str, &'static [u8])] = &[
+        ("CL + TE", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled"),
+        ("conflicting CL", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nContent-Length: 47\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled"),
+        ("obs-fold", b"HTTP/1.1 200 OK\r\nX-A: a\r\n b\r\nContent-Length: 0\r\n\r\n"),
+        ("header injection bare CR", b"HTTP/1.1 200 OK\r\nX-A: a\rSet-Cookie: x=1\r\nContent-Length: 0\r\n\r\n"),
+        ("space before colon", b"HTTP/1.1 200 OK\r\nContent-Length : 0\r\n\r\n"),
+        ("bad status", b"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n"),
+        ("not HTTP", b"SSH-2.0-OpenSSH\r\n\r\n"),
+        ("TE gzip", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"),
+    ];
+    for (what, raw) in cases {
+        let up = scripted(raw);
+        let gw = Gw::start(
+            route_to(json!({up.to_string(): 1}), json!({"retries": 0})),
+            ProxyConfig::default(),
+        );
+        let out = exchange(
+            gw.addr,
+            b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        );
+        let text = String::from_utf8_lossy(&out);
+        assert_eq!(status(&out), Some(502), "{what}: {text}");
+        assert_eq!(responses(&out), 1, "{what}: {text}");
+        assert!(!text.contains("smuggled"), "{what}: {text}");
+    }
+}
+
+#[test]
+fn bad_chunk_from_upstream_never_completes_a_response() {
+    let up = scripted(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled");
+    let gw = Gw::start(
+        route_to(json!({up.to_string(): 1}), json!({"retries": 0})),
+        ProxyConfig::default(),
+    );
+    let out = exchange(gw.addr, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+    let text = String::from_utf8_lossy(&out);
+    // Either refused before the head went out (502), or the head went out and the connection was cut without a
+    // terminating chunk: the client can tell the response is incomplete. Never a second response.
+    assert!(responses(&out) <= 1, "{text}");
+    assert!(!text.contains("smuggled"), "{text}");
+    assert!(!text.contains("hello"), "{text}");
+    match status(&out) {
+        Some(200) => assert!(
+            !text.ends_with("0\r\n\r\n"),
+            "a truncated body must not look complete: {text}"
+        ),
+        // Closed before anything was written (the head goes out with the first body bytes): also incomplete.
+        None => assert!(out.is_empty(), "{text}"),
+        other => assert_eq!(other, Some(502), "{text}"),
+    }
+}
