@@ -24,6 +24,7 @@ mod consumer_restriction;
 mod cors;
 mod fault_injection;
 mod file_logger;
+pub mod hmac_auth;
 mod http_logger;
 mod ip_restriction;
 pub mod jwt_auth;

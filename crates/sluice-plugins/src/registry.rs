@@ -31,6 +31,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::ua_restriction::ENTRY,
     crate::referer_restriction::ENTRY,
     crate::request_validation::ENTRY,
+    crate::hmac_auth::ENTRY,
     crate::basic_auth::ENTRY,
     crate::jwt_auth::ENTRY,
     crate::key_auth::ENTRY,

@@ -172,14 +172,33 @@ pub(crate) fn dollar_groups(s: &str) -> String {
 
 /// Unpadded base64url (JWT segments).
 pub(crate) fn base64url_encode(b: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    encode64(
+        b,
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_",
+    )
+}
+
+/// Standard padded base64.
+pub(crate) fn base64_encode(b: &[u8]) -> String {
+    let mut s = encode64(
+        b,
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
+    );
+    while !s.len().is_multiple_of(4) {
+        s.push('=');
+    }
+    s
+}
+
+fn encode64(b: &[u8], alphabet: &[u8; 64]) -> String {
+    let a = alphabet;
     let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
     for c in b.chunks(3) {
         let n = (u32::from(c[0]) << 16)
             | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
             | u32::from(*c.get(2).unwrap_or(&0));
         for i in 0..=c.len() {
-            out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            out.push(a[(n >> (18 - 6 * i) & 63) as usize] as char);
         }
     }
     out

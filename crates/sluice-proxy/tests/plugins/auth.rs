@@ -271,3 +271,115 @@ fn jwt_auth_sources_errors_and_expiry() {
     assert_eq!(gw.get("/hello", &[("Authorization", &bearer)]).status, 200);
     assert_eq!(o.last().header("authorization"), None);
 }
+
+fn http_date(secs: u64) -> String {
+    // IMF-fixdate from unix seconds (civil-from-days).
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let wd = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][(days % 7) as usize];
+    let mon = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ][(m - 1) as usize];
+    format!(
+        "{wd}, {d:02} {mon} {y} {:02}:{:02}:{:02} GMT",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+#[test]
+fn hmac_auth_signature_clock_skew_and_signed_headers() {
+    use sluice_plugins::hmac_auth::sign;
+    let o = Origin::start();
+    let cfg = |plugins: serde_json::Value| {
+        json!({
+            "routes": [route("r1", "/hello", &o, plugins)],
+            "consumers": [consumer("john", json!({"hmac-auth": {"key_id": "john-key", "secret_key": "john-secret-key"}}))]
+        })
+    };
+    let gw = Gw::start(cfg(json!({"hmac-auth": {"signed_headers": ["date"]}})));
+    let date = http_date(now());
+    let auth = sign(
+        "john-key",
+        "john-secret-key",
+        "hmac-sha256",
+        &[("@request-target", "GET /hello?a=1"), ("date", &date)],
+    );
+    let r = gw.get("/hello?a=1", &[("Date", &date), ("Authorization", &auth)]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(o.last().header("x-consumer-username"), Some("john"));
+    let denied = json!({"message": "client request can't be validated"});
+    // The signature covers the request target: another query fails.
+    let r = gw.get("/hello?a=2", &[("Date", &date), ("Authorization", &auth)]);
+    assert_eq!((r.status, r.json()), (401, denied.clone()));
+    let r = gw.get("/hello", &[]);
+    assert_eq!((r.status, r.json()), (401, denied.clone()));
+    // date must be signed (signed_headers).
+    let unsigned = sign(
+        "john-key",
+        "john-secret-key",
+        "hmac-sha256",
+        &[("@request-target", "GET /hello")],
+    );
+    assert_eq!(
+        gw.get("/hello", &[("Date", &date), ("Authorization", &unsigned)])
+            .status,
+        401
+    );
+    // Clock skew (300 s default).
+    let old = http_date(now() - 1000);
+    let stale = sign(
+        "john-key",
+        "john-secret-key",
+        "hmac-sha256",
+        &[("date", &old)],
+    );
+    assert_eq!(
+        gw.get("/hello", &[("Date", &old), ("Authorization", &stale)])
+            .status,
+        401
+    );
+    let wrong = sign("john-key", "bad-secret", "hmac-sha256", &[("date", &date)]);
+    assert_eq!(
+        gw.get("/hello", &[("Date", &date), ("Authorization", &wrong)])
+            .status,
+        401
+    );
+    drop(gw);
+    let gw = Gw::start(cfg(
+        json!({"hmac-auth": {"allowed_algorithms": ["hmac-sha512"], "hide_credentials": true}}),
+    ));
+    let a256 = sign(
+        "john-key",
+        "john-secret-key",
+        "hmac-sha256",
+        &[("date", &date)],
+    );
+    assert_eq!(
+        gw.get("/hello", &[("Date", &date), ("Authorization", &a256)])
+            .status,
+        401
+    );
+    let a512 = sign(
+        "john-key",
+        "john-secret-key",
+        "hmac-sha512",
+        &[("date", &date)],
+    );
+    assert_eq!(
+        gw.get("/hello", &[("Date", &date), ("Authorization", &a512)])
+            .status,
+        200
+    );
+    assert_eq!(o.last().header("authorization"), None);
+}
