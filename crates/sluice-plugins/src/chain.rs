@@ -28,6 +28,9 @@ pub struct CompileEnv<'a> {
     pub plugin_attr: Option<&'a Map<String, Value>>,
     /// The consumers compiled once per snapshot (credential maps and consumer chains), built on first use.
     pub compiled: OnceLock<Result<Arc<Consumers>, String>>,
+    /// Set while a consumer's own plugins compile: counters of consumer-level limits are per consumer, as
+    /// APISIX's `route&consumer` conf ids make them.
+    pub(crate) consumer_scope: std::sync::Mutex<Option<String>>,
 }
 
 impl<'a> CompileEnv<'a> {
@@ -41,7 +44,30 @@ impl<'a> CompileEnv<'a> {
             consumers,
             plugin_attr,
             compiled: OnceLock::new(),
+            consumer_scope: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The consumer whose plugins are being compiled, if any.
+    pub(crate) fn consumer_scope(&self) -> Option<String> {
+        self.consumer_scope.lock().ok().and_then(|g| g.clone())
+    }
+
+    fn set_consumer_scope(&self, name: Option<&str>) {
+        if let Ok(mut g) = self.consumer_scope.lock() {
+            *g = name.map(str::to_owned);
+        }
+    }
+
+    /// Compiles a consumer's own (non-auth) plugins under that consumer's counter scope.
+    pub(crate) fn compile_consumer(
+        &self,
+        c: &sluice_model::Consumer,
+    ) -> Result<Option<Arc<Chain>>, String> {
+        self.set_consumer_scope(Some(&c.username));
+        let r = Chain::compile_filtered(&c.plugins, self, true);
+        self.set_consumer_scope(None);
+        r
     }
 
     /// The snapshot's compiled consumers (compiled on the first call).

@@ -55,7 +55,8 @@ impl Consumers {
     pub(crate) fn compile(env: &CompileEnv<'_>) -> Result<Consumers, String> {
         let mut out = Consumers::default();
         for c in env.consumers {
-            let chain = Chain::compile_filtered(&c.plugins, env, true)
+            let chain = env
+                .compile_consumer(c)
                 .map_err(|e| format!("consumer {}: {e}", c.username))?;
             let rt = Arc::new(ConsumerRt {
                 consumer: Arc::new(c.clone()),

@@ -83,7 +83,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     Ok(Arc::new(LimitConn {
         max: c.conn + c.burst,
         key: LimitKey::compile(&c.key_type, &c.key)?,
-        scope: key_hash(("limit-conn", v.to_string())),
+        scope: key_hash(("limit-conn", v.to_string(), env.consumer_scope())),
         rejected_code: c.rejected_code,
         rejected_msg: c.rejected_msg,
         store: env.shared.conns.clone(),

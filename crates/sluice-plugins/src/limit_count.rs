@@ -208,9 +208,13 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     let c: Conf = parse(&schema(), v)?;
     let remote = match remote_connect(&c)? {
         Some(conn) => {
-            let prefix = match &c.group {
-                Some(g) => format!("plugin-limit-count:group:{g}"),
-                None => format!("plugin-limit-count:{:016x}", fnv(&v.to_string())),
+            let prefix = match (&c.group, env.consumer_scope()) {
+                (Some(g), _) => format!("plugin-limit-count:group:{g}"),
+                (None, None) => format!("plugin-limit-count:{:016x}", fnv(&v.to_string())),
+                (None, Some(u)) => format!(
+                    "plugin-limit-count:{:016x}:consumer:{u}",
+                    fnv(&v.to_string())
+                ),
             };
             Some((env.shared.remote.syncer(conn), prefix))
         }
@@ -218,7 +222,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     };
     let scope = match &c.group {
         Some(g) => key_hash(("group", g)),
-        None => key_hash(("conf", v.to_string())),
+        None => key_hash(("conf", v.to_string(), env.consumer_scope())),
     };
     Ok(Arc::new(LimitCount {
         count: c.count,

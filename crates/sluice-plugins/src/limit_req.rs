@@ -74,7 +74,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
         rate: c.rate,
         burst: c.burst,
         key: LimitKey::compile(&c.key_type, &c.key)?,
-        scope: key_hash(("limit-req", v.to_string())),
+        scope: key_hash(("limit-req", v.to_string(), env.consumer_scope())),
         rejected_code: c.rejected_code,
         rejected_msg: c.rejected_msg,
         store: env.shared.buckets.clone(),

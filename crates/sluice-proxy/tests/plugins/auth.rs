@@ -383,3 +383,24 @@ fn hmac_auth_signature_clock_skew_and_signed_headers() {
     );
     assert_eq!(o.last().header("authorization"), None);
 }
+
+#[test]
+fn identical_consumer_limits_count_per_consumer() {
+    let o = Origin::start();
+    let lc = json!({"count": 1, "time_window": 60, "rejected_code": 429});
+    let gw = Gw::start(json!({
+        "routes": [route("r1", "/hello", &o, json!({"key-auth": {}}))],
+        "consumers": [
+            consumer("a", json!({"key-auth": {"key": "ka"}, "limit-count": lc.clone()})),
+            consumer("b", json!({"key-auth": {"key": "kb"}, "limit-count": lc})),
+        ]
+    }));
+    assert_eq!(gw.get("/hello", &[("apikey", "ka")]).status, 200);
+    assert_eq!(
+        gw.get("/hello", &[("apikey", "kb")]).status,
+        200,
+        "b has its own window"
+    );
+    assert_eq!(gw.get("/hello", &[("apikey", "ka")]).status, 429);
+    assert_eq!(gw.get("/hello", &[("apikey", "kb")]).status, 429);
+}
