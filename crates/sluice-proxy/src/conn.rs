@@ -405,6 +405,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             stage,
             body_consumed: consumed,
         };
+        if up.h2 {
+            return self.attempt_h2(head, route, node_idx, body_consumed).await;
+        }
         let t_up = Instant::now();
         let mut c: Checkout = self
             .w
@@ -620,6 +623,56 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             response_bytes: head_len + response_body,
             upstream_latency,
         })
+    }
+
+    /// One attempt against an HTTP/2 (`grpc`/`grpcs`) upstream; see `h2::upstream`.
+    async fn attempt_h2(
+        &mut self,
+        head: &RequestHead,
+        route: &CompiledRoute,
+        node_idx: usize,
+        body_consumed: &mut bool,
+    ) -> Result<Done, Failure> {
+        use crate::h2::upstream::{exchange, Progress};
+        let up: &UpstreamRt = &route.upstream;
+        let t0 = Instant::now();
+        let r = exchange(
+            &mut self.io,
+            &mut self.rbuf,
+            head,
+            up,
+            &up.nodes[node_idx],
+            head.header("host"),
+            route.timeouts,
+            self.w.shared.cfg.header_timeout,
+        )
+        .await;
+        match r {
+            Ok(x) => {
+                up.balancer.health().report_http_status(node_idx, x.status);
+                Ok(Done {
+                    keep: head.keep_alive && !*self.shutdown.borrow(),
+                    status: x.status,
+                    request_body: x.request_body,
+                    response_bytes: x.response_bytes,
+                    upstream_latency: t0.elapsed(),
+                })
+            }
+            Err((err, progress)) => {
+                // A body streamed into an h2 stream cannot be replayed.
+                *body_consumed |= progress != Progress::BeforeSend && head.body != BodyKind::Empty;
+                let stage = match progress {
+                    Progress::BeforeSend => Stage::BeforeSend,
+                    Progress::Sent => Stage::Sent { stale: false },
+                    Progress::Responding => Stage::Responding,
+                };
+                Err(Failure {
+                    err,
+                    stage,
+                    body_consumed: *body_consumed,
+                })
+            }
+        }
     }
 
     /// The upstream switched protocols: hand its 101 to the client and tunnel bytes until either side is done.

@@ -11,6 +11,7 @@
 //! ignored, which RFC 9110 §7.8 permits, and the request is served over HTTP/1.1).
 
 mod bridge;
+pub(crate) mod upstream;
 
 use std::cell::Cell;
 use std::net::SocketAddr;

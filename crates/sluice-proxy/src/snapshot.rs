@@ -97,6 +97,8 @@ pub(crate) struct UpstreamRt {
     pub retry_timeout: Option<Duration>,
     pub timeouts: Option<Timeouts>,
     pub pool: PoolCfg,
+    /// `scheme: grpc`/`grpcs`: requests go over a multiplexed HTTP/2 connection (`h2::upstream`), not the pool.
+    pub h2: bool,
     /// `checks.active`: probed by the checker task (`health_check::run`).
     pub active: Option<Arc<ActiveCheck>>,
     /// The configuration this was compiled from: an unchanged upstream keeps its runtime across reloads.
@@ -273,12 +275,15 @@ fn compile_upstream(u: &Upstream) -> Result<UpstreamRt, String> {
         "ewma" => LbKind::Ewma,
         other => return Err(format!("unknown upstream type {other:?}")),
     };
-    let https = match u.scheme.as_str() {
-        "http" => false,
-        "https" => true,
+    // grpc/grpcs: HTTP/2 to the upstream (cleartext prior knowledge / TLS with ALPN h2), see `h2::upstream`.
+    let (https, h2) = match u.scheme.as_str() {
+        "http" => (false, false),
+        "https" => (true, false),
+        "grpc" => (false, true),
+        "grpcs" => (true, true),
         other => {
             return Err(format!(
-                "unsupported scheme {other:?} (http and https are served)"
+                "unsupported scheme {other:?} (http, https, grpc and grpcs are served)"
             ))
         }
     };
@@ -347,7 +352,14 @@ fn compile_upstream(u: &Upstream) -> Result<UpstreamRt, String> {
         (other, _) => return Err(format!("invalid hash_on {other:?}")),
     };
     let tls_cfg = if https {
-        Some(tls::client_config(u.tls.as_ref())?)
+        let cfg = tls::client_config(u.tls.as_ref())?;
+        Some(if h2 {
+            let mut c = (*cfg).clone();
+            c.alpn_protocols = vec![b"h2".to_vec()];
+            Arc::new(c)
+        } else {
+            cfg
+        })
     } else {
         None
     };
@@ -366,6 +378,7 @@ fn compile_upstream(u: &Upstream) -> Result<UpstreamRt, String> {
         balancer,
         nodes,
         tls: tls_cfg,
+        h2,
         pass_host,
         hash_on,
         retries: u.retries,

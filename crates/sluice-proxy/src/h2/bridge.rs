@@ -85,8 +85,8 @@ fn request_head(parts: &http::request::Parts, ended: bool, out: &mut BytesMut) -
     for (name, value) in &parts.headers {
         match name.as_str() {
             "host" if authority.is_some() => continue,
-            // `te: trailers` is the only TE h2 allows; it is hop-by-hop either way.
-            "te" => continue,
+            // `te: trailers` (the only TE h2 allows) passes: HTTP/1.1 upstreams drop it as hop-by-hop, h2 (gRPC)
+            // upstreams need it.
             "cookie" => {
                 let c = cookie.get_or_insert_with(BytesMut::new);
                 if !c.is_empty() {
@@ -227,6 +227,16 @@ async fn relay_response(
 
 /// Ends the stream: with a trailers HEADERS frame when the chunked body carried trailer fields.
 async fn finish(tx: &mut SendStream<Bytes>, raw: &[u8]) -> Result<(), ()> {
+    let map = trailer_map(raw);
+    if map.is_empty() {
+        tx.send_data(Bytes::new(), true).map_err(|_| ())
+    } else {
+        tx.send_trailers(map).map_err(|_| ())
+    }
+}
+
+/// Parses a raw, already validated chunked trailer section into h2 fields (invalid ones are dropped).
+pub(super) fn trailer_map(raw: &[u8]) -> HeaderMap {
     let mut map = HeaderMap::new();
     for line in raw.split(|&b| b == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -241,11 +251,7 @@ async fn finish(tx: &mut SendStream<Bytes>, raw: &[u8]) -> Result<(), ()> {
             map.append(n, v);
         }
     }
-    if map.is_empty() {
-        tx.send_data(Bytes::new(), true).map_err(|_| ())
-    } else {
-        tx.send_trailers(map).map_err(|_| ())
-    }
+    map
 }
 
 /// Sends `data` as the peer's flow-control window allows.
