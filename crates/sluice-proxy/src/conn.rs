@@ -25,6 +25,8 @@ use crate::pool::Checkout;
 use crate::server::Worker;
 use crate::snapshot::{CompiledRoute, HashOn, Snapshot, UpstreamRt};
 
+mod switch;
+
 const BUF_SIZE: usize = 8 * 1024;
 
 pub(crate) struct Conn<S> {
@@ -111,6 +113,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 }
             };
             first = false;
+            if self.scheme == "http"
+                && self.w.shared.cfg.enable_http2
+                && crate::h2::upgrade::wants_h2c(&head)
+            {
+                if let Some(frame) = crate::h2::upgrade::stream1_headers(&head) {
+                    const SWITCH: &[u8] =
+                        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n";
+                    if self.io.write_all(SWITCH).await.is_err() {
+                        return;
+                    }
+                    let io = crate::h2::upgrade::Upgraded::new(self.io, self.rbuf, frame);
+                    return crate::h2::serve(io, self.peer, self.local, self.scheme, self.w).await;
+                }
+            }
             let now_gen = self.w.shared.generation();
             if now_gen != gen {
                 snap = self.w.shared.snapshot.load_full();
@@ -621,110 +637,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 request_body
             },
             response_bytes: head_len + response_body,
-            upstream_latency,
-        })
-    }
-
-    /// One attempt against an HTTP/2 (`grpc`/`grpcs`) upstream; see `h2::upstream`.
-    async fn attempt_h2(
-        &mut self,
-        head: &RequestHead,
-        route: &CompiledRoute,
-        node_idx: usize,
-        body_consumed: &mut bool,
-    ) -> Result<Done, Failure> {
-        use crate::h2::upstream::{exchange, Progress};
-        let up: &UpstreamRt = &route.upstream;
-        let t0 = Instant::now();
-        let r = exchange(
-            &mut self.io,
-            &mut self.rbuf,
-            head,
-            up,
-            &up.nodes[node_idx],
-            head.header("host"),
-            route.timeouts,
-            self.w.shared.cfg.header_timeout,
-        )
-        .await;
-        match r {
-            Ok(x) => {
-                up.balancer.health().report_http_status(node_idx, x.status);
-                Ok(Done {
-                    keep: head.keep_alive && !*self.shutdown.borrow(),
-                    status: x.status,
-                    request_body: x.request_body,
-                    response_bytes: x.response_bytes,
-                    upstream_latency: t0.elapsed(),
-                })
-            }
-            Err((err, progress)) => {
-                // A body streamed into an h2 stream cannot be replayed.
-                *body_consumed |= progress != Progress::BeforeSend && head.body != BodyKind::Empty;
-                let stage = match progress {
-                    Progress::BeforeSend => Stage::BeforeSend,
-                    Progress::Sent => Stage::Sent { stale: false },
-                    Progress::Responding => Stage::Responding,
-                };
-                Err(Failure {
-                    err,
-                    stage,
-                    body_consumed: *body_consumed,
-                })
-            }
-        }
-    }
-
-    /// The upstream switched protocols: hand its 101 to the client and tunnel bytes until either side is done.
-    /// A 101 to a request that asked for no upgrade is a protocol error (502), never passed on.
-    async fn switch_protocols(
-        &mut self,
-        resp: &ResponseHead,
-        asked: bool,
-        mut c: Checkout,
-        route: &CompiledRoute,
-        t_up: Instant,
-    ) -> Result<Done, Error> {
-        if !asked {
-            return Err(Error::upstream(
-                Kind::UpstreamProtocol,
-                "101 to a request without an accepted upgrade",
-            ));
-        }
-        self.out.clear();
-        forward::response_head(
-            resp,
-            OutFraming::None,
-            sluice_http::Version::Http11,
-            true,
-            None,
-            &mut self.out,
-        );
-        self.out.truncate(self.out.len() - 2);
-        if let Some(u) = resp.header("upgrade") {
-            forward::put_header(&mut self.out, b"Upgrade", u);
-        }
-        self.out.put_slice(b"Connection: upgrade\r\n\r\n");
-        let head_len = self.out.len() as u64;
-        let upstream_latency = t_up.elapsed();
-        self.io
-            .write_all(&self.out)
-            .await
-            .map_err(|e| Error::downstream(Kind::ClientClosed, e.to_string()))?;
-        self.out.clear();
-        let carried = crate::ws::tunnel(
-            &mut self.io,
-            &mut self.rbuf,
-            &mut c.conn,
-            &mut self.ubuf,
-            route.timeouts.read,
-        )
-        .await;
-        Ok(Done {
-            keep: false,
-            status: 101,
-            request_body: carried.up,
-            response_bytes: head_len + carried.down,
             upstream_latency,
         })
     }

@@ -6,11 +6,11 @@
 //! an in-memory bridge (`h2/bridge.rs`): the stream's request is written to the bridge as an HTTP/1.1 message and the
 //! HTTP/1.1 response read back from it is re-framed as h2 HEADERS/DATA/trailers. One request path means HTTP/2 can
 //! never route or filter differently from HTTP/1.1, at the cost of one in-memory serialize/parse per request.
-//! This module does not do HTTP/2 to upstreams (gRPC upstreams are refused by the snapshot compiler) and does not
-//! implement the HTTP/1.1 `Upgrade: h2c` dance (the h2 crate cannot adopt an upgraded stream 1; the upgrade is
-//! ignored, which RFC 9110 §7.8 permits, and the request is served over HTTP/1.1).
+//! `h2/upstream.rs` speaks HTTP/2 to `grpc`/`grpcs` upstreams; `h2/upgrade.rs` turns an HTTP/1.1
+//! `Upgrade: h2c` into an h2 connection whose stream 1 is the upgrading request.
 
 mod bridge;
+pub(crate) mod upgrade;
 pub(crate) mod upstream;
 
 use std::cell::Cell;

@@ -3,6 +3,7 @@
 
 mod grpc;
 mod h2spec;
+mod upgrade;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
