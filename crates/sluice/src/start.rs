@@ -6,7 +6,6 @@
 //! API, signals) runs on its own small runtime; the data-plane workers never wait on it: they only see a new
 //! snapshot pointer.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,14 +57,17 @@ pub fn run(
 
         let initial = rx.borrow_and_update().clone();
         let snapshot = Snapshot::compile_with(&initial.resources, initial.revision, &plugin_state)?;
-        let addrs = listen_addrs(&node)?;
-        let listeners =
-            Listeners::bind(&addrs, workers).map_err(|e| format!("binding {addrs:?}: {e}"))?;
+        // node_listen (cleartext) and apisix.ssl.listen (TLS, 9443 unless disabled).
+        let addrs = sluice_proxy::listen_addrs(&node)?;
+        let listeners = Listeners::bind_kinds(&addrs, workers)
+            .map_err(|e| format!("binding {addrs:?}: {e}"))?;
         let gateway = Gateway::new(ProxyConfig::from_node(&node), snapshot);
         let running = gateway
             .start(listeners)
             .map_err(|e| format!("starting workers: {e}"))?;
         let (applied_tx, applied_rx) = tokio::sync::watch::channel(initial.revision);
+        // Active health checks (`checks.active`) probe from this runtime, never from a worker; they stop at shutdown.
+        tokio::spawn(gateway.run_health_checks());
 
         if let Some(store) = store.clone().filter(|_| node.apisix.enable_admin) {
             let admin = sluice_admin::AdminConfig::from_node_config(&node)?;
@@ -119,14 +121,6 @@ pub fn run(
         tracing::info!("stopped");
         Ok(())
     })
-}
-
-fn listen_addrs(node: &NodeConfig) -> Result<Vec<SocketAddr>, String> {
-    node.apisix
-        .node_listen
-        .iter()
-        .map(|l| l.socket_addr())
-        .collect()
 }
 
 /// First start of an empty store: import apisix.yaml (when present) so a fresh node serves its sample routes.
