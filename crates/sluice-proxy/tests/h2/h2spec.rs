@@ -1,7 +1,7 @@
-//! h2spec (github.com/summerwind/h2spec, pinned in crates/sluice-proxy/tools/h2spec/go.mod) against the h2c
-//! listener. The binary is built with `go build` into the cargo target directory; the JUnit report is parsed and
-//! the test asserts the number of passed cases, printing every failure. Without a Go toolchain the test says so
-//! and passes vacuously (CI has Go).
+//! h2spec (github.com/summerwind/h2spec, pinned in crates/sluice-proxy/tools/h2spec/go.mod) against each kind
+//! of listener: h2c-only, the dual HTTP/1.1+h2c port, and TLS with ALPN h2. The binary is built with `go build`
+//! into the cargo target directory; the JUnit report is parsed, every failure printed, and the failed cases
+//! asserted. Without a Go toolchain the tests say so and pass vacuously (CI has Go).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -78,10 +78,24 @@ fn attr(s: &str, name: &str) -> Option<String> {
 fn run(kind: ListenerKind) -> Option<Vec<String>> {
     let bin = build_h2spec()?;
     let o = Origin::start();
-    let gw = Gw::start_kind(route_to(&o), ProxyConfig::default(), kind);
+    let mut res = route_to(&o);
+    let tls = kind == ListenerKind::Tls;
+    if tls {
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+        res["ssls"] = serde_json::json!([{"id": "1", "snis": ["localhost"],
+            "cert": ck.cert.pem(), "key": ck.key_pair.serialize_pem()}]);
+    }
+    let gw = Gw::start_kind(res, ProxyConfig::default(), kind);
     let report = target_dir().join(format!("h2spec/report-{}.xml", gw.addr.port()));
-    let out = Command::new(&bin)
-        .args(["-h", "127.0.0.1", "-p"])
+    let mut cmd = Command::new(&bin);
+    if tls {
+        // h2spec sends the host as SNI; "localhost" resolves to the 127.0.0.1 listener.
+        cmd.args(["-t", "-k", "-h", "localhost"]);
+    } else {
+        cmd.args(["-h", "127.0.0.1"]);
+    }
+    let out = cmd
+        .arg("-p")
         .arg(gw.addr.port().to_string())
         .args(["-o", "3", "-j"])
         .arg(&report)
@@ -115,6 +129,14 @@ fn run(kind: ListenerKind) -> Option<Vec<String>> {
 #[test]
 fn h2spec_h2c_only_listener_passes_all() {
     let Some(failed) = run(ListenerKind::H2c) else {
+        return;
+    };
+    assert!(failed.is_empty(), "h2spec failures: {failed:?}");
+}
+
+#[test]
+fn h2spec_tls_listener_with_alpn_h2_passes_all() {
+    let Some(failed) = run(ListenerKind::Tls) else {
         return;
     };
     assert!(failed.is_empty(), "h2spec failures: {failed:?}");
