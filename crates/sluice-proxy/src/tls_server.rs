@@ -39,6 +39,8 @@ pub(crate) struct SniTable {
     exact: AHashMap<Box<str>, Arc<ServerConfig>>,
     /// Keyed by the suffix after `*.` (`*.example.com` -> `example.com`).
     wildcard: AHashMap<Box<str>, Arc<ServerConfig>>,
+    /// `*` alone: any name, and clients that send no SNI (APISIX 3.14's catch-all).
+    any: Option<Arc<ServerConfig>>,
 }
 
 impl std::fmt::Debug for SniTable {
@@ -63,6 +65,10 @@ impl SniTable {
             }
             for n in names {
                 let n = n.to_ascii_lowercase();
+                if n == "*" {
+                    t.any = Some(cfg.clone());
+                    continue;
+                }
                 match n.strip_prefix("*.") {
                     Some(suffix) => t.wildcard.insert(suffix.into(), cfg.clone()),
                     None => t.exact.insert(n.into(), cfg.clone()),
@@ -72,9 +78,13 @@ impl SniTable {
         Ok(t)
     }
 
-    /// Exact name first, then a wildcard covering exactly one leftmost label (RFC 6125 6.4.3: `*.example.com`
-    /// matches `a.example.com`, neither `example.com` nor `a.b.example.com`).
-    pub(crate) fn lookup(&self, sni: &str) -> Option<&Arc<ServerConfig>> {
+    /// Exact name first, then a wildcard covering exactly one leftmost label (APISIX's radixtree_sni and RFC 6125
+    /// 6.4.3: `*.example.com` matches `a.example.com`, neither `example.com` nor `a.b.example.com`), then `*`.
+    pub(crate) fn lookup(&self, sni: Option<&str>) -> Option<&Arc<ServerConfig>> {
+        sni.and_then(|n| self.lookup_name(n)).or(self.any.as_ref())
+    }
+
+    fn lookup_name(&self, sni: &str) -> Option<&Arc<ServerConfig>> {
         // SNI is case-insensitive; clients almost always send lowercase, so only fold when needed.
         let lower;
         let sni = if sni.bytes().any(|b| b.is_ascii_uppercase()) {
@@ -99,11 +109,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, local: SocketAddr
     let handshake = async {
         let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream).await?;
         let snap = w.shared.snapshot.load();
-        let cfg = start
-            .client_hello()
-            .server_name()
-            .and_then(|n| snap.tls.lookup(n))
-            .cloned();
+        let cfg = snap.tls.lookup(start.client_hello().server_name()).cloned();
         drop(snap);
         let Some(cfg) = cfg else {
             return Err(std::io::Error::other(

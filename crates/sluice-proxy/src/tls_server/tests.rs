@@ -21,17 +21,17 @@ fn ssl(id: &str, snis: &[&str]) -> Ssl {
 fn lookup_exact_then_one_label_wildcard() {
     let t =
         SniTable::compile(&[ssl("1", &["*.a.test"]), ssl("2", &["x.a.test", "B.test"])]).unwrap();
-    let wild = t.lookup("y.a.test").unwrap();
-    let exact = t.lookup("x.a.test").unwrap();
+    let wild = t.lookup(Some("y.a.test")).unwrap();
+    let exact = t.lookup(Some("x.a.test")).unwrap();
     assert!(!std::sync::Arc::ptr_eq(wild, exact));
     assert!(std::sync::Arc::ptr_eq(
-        t.lookup("b.test").unwrap(),
-        t.lookup("B.TEST").unwrap()
+        t.lookup(Some("b.test")).unwrap(),
+        t.lookup(Some("B.TEST")).unwrap()
     ));
-    assert!(t.lookup("a.test").is_none());
-    assert!(t.lookup("z.y.a.test").is_none());
-    assert!(t.lookup("").is_none());
-    assert!(t.lookup("test").is_none());
+    assert!(t.lookup(Some("a.test")).is_none());
+    assert!(t.lookup(Some("z.y.a.test")).is_none());
+    assert!(t.lookup(Some("")).is_none());
+    assert!(t.lookup(Some("test")).is_none());
 }
 
 #[test]
@@ -42,4 +42,20 @@ fn sni_required_and_certs_keys_paired() {
     let mut s = ssl("2", &["a.test"]);
     s.certs = vec![s.cert.clone()];
     assert!(SniTable::compile(&[s]).unwrap_err().contains("same length"));
+}
+
+#[test]
+fn star_catches_every_name_and_no_sni() {
+    let t = SniTable::compile(&[ssl("1", &["*"]), ssl("2", &["x.test"])]).unwrap();
+    let any = t.lookup(None).unwrap();
+    assert!(std::sync::Arc::ptr_eq(
+        t.lookup(Some("a.b.c")).unwrap(),
+        any
+    ));
+    assert!(!std::sync::Arc::ptr_eq(
+        t.lookup(Some("x.test")).unwrap(),
+        any
+    ));
+    let none = SniTable::compile(&[ssl("2", &["x.test"])]).unwrap();
+    assert!(none.lookup(None).is_none());
 }
