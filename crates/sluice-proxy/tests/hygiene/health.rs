@@ -177,6 +177,33 @@ fn active_tcp_check_follows_a_node_that_goes_down_and_comes_back() {
 }
 
 #[test]
+fn every_node_unhealthy_still_serves_like_apisix() {
+    // APISIX: when the checker reports no healthy node, the balancer uses all nodes rather than failing.
+    let a = flappy("A");
+    let b = flappy("B");
+    a.status.store(503, Ordering::SeqCst);
+    b.status.store(503, Ordering::SeqCst);
+    let checks = json!({"active": {
+        "http_path": "/health",
+        "healthy": {"interval": 0.05, "successes": 1},
+        "unhealthy": {"interval": 0.05, "http_failures": 1},
+    }});
+    let gw = Gw::start(
+        route_to(
+            json!({a.addr.to_string(): 1, b.addr.to_string(): 1}),
+            json!({"checks": checks}),
+        ),
+        ProxyConfig::default(),
+    );
+    run_checkers(&gw.gw);
+    wait_for("both unhealthy", || {
+        healthy(&gw.gw, a.addr) == Some(false) && healthy(&gw.gw, b.addr) == Some(false)
+    });
+    let seen = bodies(gw.addr, 4);
+    assert!(seen.iter().all(|s| s == "A" || s == "B"), "{seen:?}");
+}
+
+#[test]
 fn passive_check_ejects_on_real_traffic() {
     let a = flappy("A");
     let b = flappy("B");
