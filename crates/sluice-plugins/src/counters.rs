@@ -80,9 +80,21 @@ pub(crate) fn now_ms() -> u64 {
     epoch().elapsed().as_millis() as u64 + 1
 }
 
-/// Bits of a window word holding the count; the rest hold the window start in ms.
-const COUNT_BITS: u32 = 26;
+/// A window word holds the count in its low 32 bits and the window start in its high 32 bits, in 10 ms ticks
+/// since the counter epoch, compared with wrapping arithmetic. So counts up to 4.29e9 fit (APISIX's benchmark
+/// configures 2e9), a window opens at most 10 ms before its first request, and windows up to 248 days work.
+const COUNT_BITS: u32 = 32;
 pub(crate) const MAX_COUNT: u64 = (1 << COUNT_BITS) - 2;
+const TICK_MS: u64 = 10;
+
+fn tick(now_ms: u64) -> u32 {
+    (now_ms / TICK_MS) as u32
+}
+
+/// Milliseconds a window that opened at tick `start` has been open.
+fn open_for(start: u32, now_ms: u64) -> u64 {
+    u64::from(tick(now_ms).wrapping_sub(start)) * TICK_MS
+}
 
 struct Window {
     word: AtomicU64,
@@ -113,18 +125,19 @@ impl WindowStore {
                 len_ms: window_ms,
             },
             |w| {
-                let start = w.word.load(Ordering::Relaxed) >> COUNT_BITS;
-                start + w.len_ms > now
+                let word = w.word.load(Ordering::Relaxed);
+                word != 0 && open_for((word >> COUNT_BITS) as u32, now) < w.len_ms
             },
             |w| {
                 let mut cur = w.word.load(Ordering::Acquire);
                 loop {
-                    let (mut start, mut used) = (cur >> COUNT_BITS, cur & ((1 << COUNT_BITS) - 1));
-                    if start == 0 || start + window_ms <= now {
-                        start = now;
+                    let (mut start, mut used) =
+                        ((cur >> COUNT_BITS) as u32, cur & ((1 << COUNT_BITS) - 1));
+                    if cur == 0 || open_for(start, now) >= window_ms {
+                        start = tick(now);
                         used = 0;
                     }
-                    let reset = (start + window_ms - now).div_ceil(1000);
+                    let reset = (window_ms - open_for(start, now)).div_ceil(1000);
                     if used + cost > limit {
                         return Quota {
                             allowed: false,
@@ -132,7 +145,7 @@ impl WindowStore {
                             reset,
                         };
                     }
-                    let next = (start << COUNT_BITS) | (used + cost);
+                    let next = (u64::from(start) << COUNT_BITS) | (used + cost);
                     match w.word.compare_exchange_weak(
                         cur,
                         next,
@@ -256,6 +269,27 @@ mod tests {
         let q = store.incoming(7, 10_000, 60_000, 1);
         assert!(!q.allowed);
         assert!(q.reset >= 59 && q.reset <= 60, "{q:?}");
+    }
+
+    #[test]
+    fn counts_beyond_32_million_as_apisix_benchmarks_configure() {
+        let store = WindowStore::default();
+        let q = store.incoming(5, 2_000_000_000, 60_000, 1);
+        assert!(q.allowed);
+        assert_eq!(q.remaining, 1_999_999_999);
+        let q = store.incoming(5, 2_000_000_000, 60_000, 1_000_000_000);
+        assert_eq!(q.remaining, 999_999_999);
+        assert!(
+            !store
+                .incoming(5, 2_000_000_000, 60_000, 1_000_000_000)
+                .allowed
+        );
+    }
+
+    #[test]
+    fn open_for_survives_tick_wraparound() {
+        let start = u32::MAX - 1; // two ticks before the wrap
+        assert_eq!(open_for(start, 3 * TICK_MS), 5 * TICK_MS);
     }
 
     #[test]
