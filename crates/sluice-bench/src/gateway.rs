@@ -35,7 +35,25 @@ fn workers_value(w: Workers) -> &'static str {
 /// Writes `config.yaml` for a gateway listening on `port`.
 pub fn write_node_config(dir: &Path, port: u16, workers: Workers) -> Result<(), String> {
     let text = format!(
-        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\nnginx_config:\n  worker_processes: {}\ndeployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n",
+        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  ssl:\n    enable: false\nnginx_config:\n  worker_processes: {}\ndeployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n",
+        workers_value(workers)
+    );
+    write(dir, "config.yaml", &text)
+}
+
+/// Admin key of the traditional-mode gateway the live-apply scenarios start (loopback only).
+pub const ADMIN_KEY: &str = "sluice-bench-admin-key-7f3a9c";
+
+/// Writes `config.yaml` for a traditional-mode gateway: embedded store under `data/`, Admin API on loopback
+/// `admin_port` with [`ADMIN_KEY`]. The first start seeds the store from `apisix.yaml`.
+pub fn write_traditional_config(
+    dir: &Path,
+    port: u16,
+    admin_port: u16,
+    workers: Workers,
+) -> Result<(), String> {
+    let text = format!(
+        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: true\nnginx_config:\n  worker_processes: {}\ndeployment:\n  role: traditional\n  role_traditional:\n    config_provider: embedded\n  admin:\n    admin_listen:\n      ip: 127.0.0.1\n      port: {admin_port}\n    admin_key:\n      - name: admin\n        key: {ADMIN_KEY}\n        role: admin\nsluice:\n  data_dir: data\n",
         workers_value(workers)
     );
     write(dir, "config.yaml", &text)

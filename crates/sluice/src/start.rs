@@ -6,6 +6,7 @@
 //! API, signals) runs on its own small runtime; the data-plane workers never wait on it: they only see a new
 //! snapshot pointer.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,6 +69,16 @@ pub fn run(
         let (applied_tx, applied_rx) = tokio::sync::watch::channel(initial.revision);
         // Active health checks (`checks.active`) probe from this runtime, never from a worker; they stop at shutdown.
         tokio::spawn(gateway.run_health_checks());
+        if let Some(addr) = metrics_addr(&node)? {
+            // A taken port costs the metrics, not the gateway: log it and serve traffic anyway.
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => {
+                    tracing::info!(listen = %addr, "prometheus metrics at /apisix/prometheus/metrics");
+                    tokio::spawn(sluice_plugins::serve_metrics(l, plugin_state.clone()));
+                }
+                Err(e) => tracing::error!(listen = %addr, error = %e, "cannot serve prometheus metrics"),
+            }
+        }
 
         if let Some(store) = store.clone().filter(|_| node.apisix.enable_admin) {
             let admin = sluice_admin::AdminConfig::from_node_config(&node)?;
@@ -121,6 +132,33 @@ pub fn run(
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// `plugin_attr.prometheus`: APISIX serves metrics on 127.0.0.1:9091 unless `enable_export_server` is false.
+fn metrics_addr(node: &NodeConfig) -> Result<Option<SocketAddr>, String> {
+    let attr = node.plugin_attr.as_ref().and_then(|a| a.get("prometheus"));
+    if attr
+        .and_then(|p| p.get("enable_export_server"))
+        .and_then(|v| v.as_bool())
+        == Some(false)
+    {
+        return Ok(None);
+    }
+    let export = attr.and_then(|p| p.get("export_addr"));
+    let ip = export
+        .and_then(|e| e.get("ip"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("127.0.0.1");
+    let port = export
+        .and_then(|e| e.get("port"))
+        .and_then(|v| v.as_u64())
+        .unwrap_or(9091);
+    let ip: std::net::IpAddr = ip
+        .parse()
+        .map_err(|_| format!("invalid plugin_attr.prometheus.export_addr.ip {ip:?}"))?;
+    let port = u16::try_from(port)
+        .map_err(|_| format!("invalid plugin_attr.prometheus.export_addr.port {port}"))?;
+    Ok(Some(SocketAddr::new(ip, port)))
 }
 
 /// First start of an empty store: import apisix.yaml (when present) so a fresh node serves its sample routes.
