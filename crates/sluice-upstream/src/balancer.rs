@@ -230,17 +230,27 @@ impl Balancer {
         if let Some(i) = self.pick_filtered(hash_key, &filter) {
             return Some(i);
         }
-        if check_health && !self.any_weighted_healthy() {
-            // APISIX: "all upstream nodes is unhealthy, use default".
-            return self.pick_filtered(
-                hash_key,
-                &Filter {
-                    tried,
-                    health: None,
-                },
-            );
+        if !check_health {
+            return None;
         }
-        None
+        // Health may flip between the scan above and this check (an active checker runs concurrently): look
+        // once more; a first attempt must not fail while the upstream has nodes, so it falls back to every node.
+        if self.any_weighted_healthy() {
+            if let Some(i) = self.pick_filtered(hash_key, &filter) {
+                return Some(i);
+            }
+            if !tried.is_empty() {
+                return None;
+            }
+        }
+        // APISIX: "all upstream nodes is unhealthy, use default".
+        self.pick_filtered(
+            hash_key,
+            &Filter {
+                tried,
+                health: None,
+            },
+        )
     }
 
     /// Call when a request is sent to node `i` (least_conn's active count).
