@@ -50,6 +50,20 @@ async fn wait_listening(addr: SocketAddr, child: &mut Child) -> Result<(), Strin
     Err("not listening after 10 s".into())
 }
 
+/// `sluice start -c DIR/config.yaml`, logging warnings to the test's stderr.
+fn spawn_start(dir: &TempDir) -> Child {
+    Command::new(BIN)
+        .arg("start")
+        .arg("-c")
+        .arg(dir.0.join("config.yaml"))
+        .env("SLUICE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn sluice")
+}
+
 pub struct Sluice {
     pub child: Child,
     pub addr: SocketAddr,
@@ -73,16 +87,7 @@ impl Sluice {
                  sluice:\n  config_poll_interval: 0.1\n  graceful_shutdown_timeout: 5\n"
             );
             std::fs::write(dir.0.join("config.yaml"), cfg).expect("write config.yaml");
-            let mut child = Command::new(BIN)
-                .arg("start")
-                .arg("-c")
-                .arg(dir.0.join("config.yaml"))
-                .env("SLUICE_LOG", "warn")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("spawn sluice");
+            let mut child = spawn_start(&dir);
             let addr: SocketAddr = ([127, 0, 0, 1], port).into();
             match wait_listening(addr, &mut child).await {
                 Ok(()) => return Sluice { child, addr, dir },
@@ -119,16 +124,7 @@ impl Sluice {
              sluice:\n  data_dir: data\n"
         );
         std::fs::write(dir.0.join("config.yaml"), cfg).expect("write config.yaml");
-        let mut child = Command::new(BIN)
-            .arg("start")
-            .arg("-c")
-            .arg(dir.0.join("config.yaml"))
-            .env("SLUICE_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn sluice");
+        let mut child = spawn_start(&dir);
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let admin: SocketAddr = ([127, 0, 0, 1], admin_port).into();
         wait_listening(addr, &mut child)
