@@ -38,6 +38,8 @@ fn file_logger_writes_json_lines() {
             .collect();
         lines.len() == 2
     }));
+    // The log phase runs after each response is sent, so the two lines may land in either order.
+    lines.sort_by_key(|l| l["response"]["status"].as_u64());
     assert_eq!(lines[0]["route_id"], "r1");
     assert_eq!(lines[0]["response"]["status"], 200);
     assert_eq!(lines[0]["request"]["method"], "GET");
