@@ -145,6 +145,16 @@ mod tests {
     }
 
     #[test]
+    fn partial_keepalive_pool_takes_defaults() {
+        let u: Upstream =
+            serde_json::from_value(json!({"nodes": {"a:1": 1}, "keepalive_pool": {"size": 1024}}))
+                .unwrap();
+        assert_eq!(u.keepalive_pool.size, 1024);
+        assert_eq!(u.keepalive_pool.idle_timeout, 60.0);
+        assert_eq!(u.keepalive_pool.requests, 1000);
+    }
+
+    #[test]
     fn route_status_and_numeric_ids() {
         let r = route(json!({"id": 7, "uri": "/a"}));
         assert_eq!(r.id.0, "7");

@@ -229,7 +229,9 @@ pub fn split_host_port(addr: &str) -> Result<(String, Option<u16>), String> {
     }
 }
 
+/// Each field defaults on its own, as APISIX's schema does (`{size: 1024}` is a complete pool).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct KeepalivePool {
     pub size: u32,
     pub idle_timeout: f64,
