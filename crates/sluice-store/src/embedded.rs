@@ -11,7 +11,9 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use sluice_model::Resources;
 use tokio::sync::watch;
 
-use crate::kv::{now, BoxFuture, Entry, Op, Revision, Snapshot, Store, StoreError};
+use crate::kv::{
+    now, patch_resources, BoxFuture, Entry, Op, Revision, Snapshot, Store, StoreError,
+};
 use crate::{ConfigRx, ConfigTx, Versioned};
 
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
@@ -128,7 +130,15 @@ impl Inner {
 
         let resources = match prepared {
             Some((base, r)) if base == cur.revision => r,
-            _ => next.to_resources(),
+            _ => {
+                // Only the touched keys are decoded again when the published view matches `cur`.
+                let published = self.tx.borrow().clone();
+                if published.revision == cur.revision {
+                    patch_resources(&published.resources, &next, ops.iter().map(Op::key))
+                } else {
+                    next.to_resources()
+                }
+            }
         };
         let next = Arc::new(next);
         match self.snapshot.write() {

@@ -18,7 +18,9 @@ use serde_json::Value;
 use sluice_model::NodeConfig;
 use tokio::sync::watch;
 
-use crate::kv::{BoxFuture, Entry, Op, Revision, Snapshot, Store, StoreError, KINDS};
+use crate::kv::{
+    patch_resources, BoxFuture, Entry, Op, Revision, Snapshot, Store, StoreError, KINDS,
+};
 use crate::{ConfigRx, ConfigTx, Versioned};
 
 /// `deployment.etcd` as APISIX reads it: `host` list of `http://ip:port`, `prefix`, `timeout` (seconds).
@@ -121,9 +123,17 @@ impl Inner {
         }
     }
 
-    fn publish(&self, next: Snapshot) {
+    /// Publishes `next`. With `touched` (the keys changed since the published view), only those are decoded
+    /// again; a full sync passes `None` and decodes everything.
+    fn publish(&self, next: Snapshot, touched: Option<(u64, &[String])>) {
         let revision = next.revision;
-        let resources = next.to_resources();
+        let published = self.tx.borrow().clone();
+        let resources = match touched {
+            Some((base, keys)) if published.revision == base && base != 0 => {
+                patch_resources(&published.resources, &next, keys.iter().map(String::as_str))
+            }
+            _ => next.to_resources(),
+        };
         let next = Arc::new(next);
         match self.snapshot.write() {
             Ok(mut g) => *g = next,
@@ -170,7 +180,7 @@ impl Inner {
             }
         }
         if *self.current() != snap || self.tx.borrow().revision == 0 {
-            self.publish(snap);
+            self.publish(snap, None);
         }
         self.healthy.store(true, Ordering::Relaxed);
         Ok(revision)
@@ -203,12 +213,15 @@ impl Inner {
             if msg.events().is_empty() {
                 continue;
             }
-            let mut next = (*self.current()).clone();
+            let cur = self.current();
+            let mut next = (*cur).clone();
+            let mut touched = Vec::with_capacity(msg.events().len());
             for ev in msg.events() {
                 let Some(kv) = ev.kv() else { continue };
                 let Some(key) = relative(&self.cfg.prefix, kv.key()) else {
                     continue;
                 };
+                touched.push(key.clone());
                 match ev.event_type() {
                     EventType::Put => match serde_json::from_slice::<Value>(kv.value()) {
                         Ok(value) => {
@@ -231,7 +244,7 @@ impl Inner {
                 }
             }
             next.revision = revision.max(next.revision);
-            self.publish(next);
+            self.publish(next, Some((cur.revision, &touched)));
         }
     }
 }

@@ -14,6 +14,9 @@ use sluice_model::{Id, Resources};
 
 use crate::ConfigRx;
 
+mod patch;
+pub use patch::{patch_is_local, patch_resources, PATCH_MAX_KEYS};
+
 /// Every resource kind the store keeps, by its APISIX key prefix.
 pub const KINDS: &[&str] = &[
     "routes",
@@ -236,73 +239,99 @@ impl Snapshot {
     /// The data plane's view. A stored value that does not parse is skipped with an error log rather than
     /// blocking every other resource (values are validated on write, so this only happens with foreign data).
     pub fn to_resources(&self) -> Resources {
+        self.to_resources_of(KINDS)
+    }
+
+    /// As [`Snapshot::to_resources`], decoding only the given kinds (the others stay empty).
+    pub fn to_resources_of(&self, kinds: &[&str]) -> Resources {
+        let want = |k: &str| kinds.contains(&k);
         let mut r = Resources::default();
-        fill(
-            self,
-            "routes",
-            &mut r.routes,
-            |x: &mut sluice_model::Route, id| x.id = id,
-        );
-        fill(
-            self,
-            "services",
-            &mut r.services,
-            |x: &mut sluice_model::Service, id| x.id = id,
-        );
-        fill(
-            self,
-            "upstreams",
-            &mut r.upstreams,
-            |x: &mut sluice_model::Upstream, id| x.id = Some(id),
-        );
-        fill(
-            self,
-            "consumers",
-            &mut r.consumers,
-            |x: &mut sluice_model::Consumer, id| {
-                if x.username.is_empty() {
-                    x.username = id.0
-                }
-            },
-        );
-        fill(
-            self,
-            "global_rules",
-            &mut r.global_rules,
-            |x: &mut sluice_model::GlobalRule, id| x.id = id,
-        );
-        fill(
-            self,
-            "plugin_configs",
-            &mut r.plugin_configs,
-            |x: &mut sluice_model::PluginConfig, id| x.id = id,
-        );
-        fill(
-            self,
-            "ssls",
-            &mut r.ssls,
-            |x: &mut sluice_model::Ssl, id| x.id = id,
-        );
-        fill(
-            self,
-            "consumer_groups",
-            &mut r.consumer_groups,
-            |x: &mut sluice_model::ConsumerGroup, id| x.id = id,
-        );
-        fill(
-            self,
-            "plugin_metadata",
-            &mut r.plugin_metadata,
-            |x: &mut sluice_model::PluginMetadata, id| x.id = id,
-        );
-        fill(
-            self,
-            "protos",
-            &mut r.protos,
-            |x: &mut sluice_model::Proto, id| x.id = id,
-        );
+        if want("routes") {
+            fill(
+                self,
+                "routes",
+                &mut r.routes,
+                |x: &mut sluice_model::Route, id| x.id = id,
+            );
+        }
+        if want("services") {
+            fill(
+                self,
+                "services",
+                &mut r.services,
+                |x: &mut sluice_model::Service, id| x.id = id,
+            );
+        }
+        if want("upstreams") {
+            fill(
+                self,
+                "upstreams",
+                &mut r.upstreams,
+                |x: &mut sluice_model::Upstream, id| x.id = Some(id),
+            );
+        }
+        if want("consumers") {
+            fill(
+                self,
+                "consumers",
+                &mut r.consumers,
+                |x: &mut sluice_model::Consumer, id| {
+                    if x.username.is_empty() {
+                        x.username = id.0
+                    }
+                },
+            );
+        }
+        if want("global_rules") {
+            fill(
+                self,
+                "global_rules",
+                &mut r.global_rules,
+                |x: &mut sluice_model::GlobalRule, id| x.id = id,
+            );
+        }
+        if want("plugin_configs") {
+            fill(
+                self,
+                "plugin_configs",
+                &mut r.plugin_configs,
+                |x: &mut sluice_model::PluginConfig, id| x.id = id,
+            );
+        }
+        if want("ssls") {
+            fill(
+                self,
+                "ssls",
+                &mut r.ssls,
+                |x: &mut sluice_model::Ssl, id| x.id = id,
+            );
+        }
+        if want("consumer_groups") {
+            fill(
+                self,
+                "consumer_groups",
+                &mut r.consumer_groups,
+                |x: &mut sluice_model::ConsumerGroup, id| x.id = id,
+            );
+        }
+        if want("plugin_metadata") {
+            fill(
+                self,
+                "plugin_metadata",
+                &mut r.plugin_metadata,
+                |x: &mut sluice_model::PluginMetadata, id| x.id = id,
+            );
+        }
+        if want("protos") {
+            fill(
+                self,
+                "protos",
+                &mut r.protos,
+                |x: &mut sluice_model::Proto, id| x.id = id,
+            );
+        }
         // Nested keys: `secrets/{manager}/{id}` and `consumers/{username}/credentials/{id}`.
-        for (key, e) in self.under("secrets/") {
+        for (key, e) in self.under("secrets/").filter(|_| want("secrets")) {
             let id = &key["secrets/".len()..];
             match sluice_model::Secret::deserialize(&*e.value) {
                 Ok(mut v) => {
@@ -314,7 +343,7 @@ impl Snapshot {
                 }
             }
         }
-        for (key, e) in self.under("consumers/") {
+        for (key, e) in self.under("consumers/").filter(|_| want("consumers")) {
             let rest = &key["consumers/".len()..];
             let Some((user, id)) = rest.split_once("/credentials/") else {
                 continue;
