@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice_store::kv::{now, Op, Snapshot, StoreError};
+use sluice_model::Resources;
+use sluice_store::kv::{self, now, Op, Snapshot, StoreError};
 
 use crate::resources::{self, Kind, CREDENTIALS};
 use crate::{patch, AdminState, Reply};
@@ -343,9 +344,7 @@ pub(crate) async fn commit(
     ops: Vec<Op>,
     req: &Req,
 ) -> Result<(), Reply> {
-    let mut candidate = snap.clone();
-    candidate.apply(&ops, snap.revision + 1);
-    let resources = candidate.to_resources();
+    let resources = candidate_resources(state, snap, &ops);
     (state.checker)(&resources).map_err(|e| Reply::error(400, e))?;
     let rev = state
         .store
@@ -364,6 +363,26 @@ pub(crate) async fn commit(
         }
     }
     Ok(())
+}
+
+/// The complete configuration after `ops`. When the store's published view is at `snap`'s revision, only the
+/// touched keys are decoded (and, for routes and their kin, without copying the key space); else a full decode.
+fn candidate_resources(state: &AdminState, snap: &Snapshot, ops: &[Op]) -> Resources {
+    let published = state.store.subscribe().borrow().clone();
+    let keys = || ops.iter().map(Op::key);
+    if published.revision != snap.revision {
+        let mut candidate = snap.clone();
+        candidate.apply(ops, snap.revision + 1);
+        return candidate.to_resources();
+    }
+    if ops.len() <= kv::PATCH_MAX_KEYS && keys().all(kv::patch_is_local) {
+        let mut delta = Snapshot::default();
+        delta.apply(ops, snap.revision + 1);
+        return kv::patch_resources(&published.resources, &delta, keys());
+    }
+    let mut candidate = snap.clone();
+    candidate.apply(ops, snap.revision + 1);
+    kv::patch_resources(&published.resources, &candidate, keys())
 }
 
 fn json_type(v: &Value) -> &'static str {
