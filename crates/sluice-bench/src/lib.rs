@@ -5,6 +5,7 @@
 //! counts, and writes DIR/report.json + DIR/report.html. The method is in docs/benchmark.md.
 //! It deliberately never tunes the machine (governor, IRQs); it records what it finds instead.
 
+pub mod apply;
 pub mod callgrind;
 pub mod drivers;
 pub mod gateway;
@@ -191,6 +192,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         };
         let r = if s.callgrind {
             callgrind::run(&ctx, s, &m, &mut progress)
+        } else if s.admin.is_some() {
+            apply::run(&ctx, s, &m, &mut progress)
         } else {
             runner::run_scenario(&ctx, s, &m, &mut progress)
         };

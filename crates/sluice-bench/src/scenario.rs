@@ -94,6 +94,18 @@ pub struct Scenario {
     pub compare_drivers: bool,
     /// Instruction-count (callgrind) run instead of a load run.
     pub callgrind: bool,
+    /// Live-apply run through the Admin API (traditional mode, embedded store) instead of a plain load run.
+    pub admin: Option<AdminLoad>,
+}
+
+/// What a live-apply scenario does through the Admin API (see `apply`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminLoad {
+    /// Time `writes` sequential `PUT /apisix/admin/routes/2?wait=applied` per round, end to end.
+    Apply { writes: usize },
+    /// Proxy p99 under closed-loop load, without and then with `per_sec` PUTs/s to other routes.
+    Writes { per_sec: f64 },
 }
 
 fn ser_delay<S: serde::Serializer>(d: &Delay, s: S) -> Result<S::Ok, S::Error> {
@@ -126,6 +138,7 @@ impl Scenario {
             mock_delay: Delay::Fixed(Duration::ZERO),
             compare_drivers: false,
             callgrind: false,
+            admin: None,
         }
     }
 
@@ -263,6 +276,40 @@ pub fn all(duration: Duration) -> Vec<Scenario> {
     s.stop = Stop::Requests(20_000);
     s.requests = Some(20_000);
     v.push(s);
+    for (n, name) in [
+        (1_000usize, "admin-apply-1k"),
+        (100_000, "admin-apply-100k"),
+    ] {
+        let mut s = Scenario::base(
+            name,
+            "admin",
+            &format!(
+                "{n} routes in the embedded store; PUT one route ?wait=applied, 20 sequential writes: PUT-to-applied time."
+            ),
+            &[Sluice],
+            duration,
+        );
+        s.routes = n;
+        s.admin = Some(AdminLoad::Apply { writes: 20 });
+        v.push(s);
+    }
+    for (n, name) in [
+        (1_000usize, "admin-writes-p99"),
+        (100_000, "admin-writes-p99-100k"),
+    ] {
+        let mut s = Scenario::base(
+            name,
+            "admin",
+            &format!(
+                "{n} routes; closed-loop load on /hello without writes, then while 100 PUTs/s hit other routes: proxy p99 side by side."
+            ),
+            &[Sluice],
+            duration,
+        );
+        s.routes = n;
+        s.admin = Some(AdminLoad::Writes { per_sec: 100.0 });
+        v.push(s);
+    }
     v
 }
 
