@@ -37,7 +37,8 @@ pub(crate) struct Conn<S> {
     rbuf: BytesMut,
     ubuf: BytesMut,
     out: BytesMut,
-    client_ip: Box<[u8]>,
+    /// The peer IP as text, formatted once: X-Forwarded-For, X-Real-IP and the `remote_addr` variable use it.
+    client_ip: Rc<str>,
     server_port: Box<[u8]>,
     params: Params,
     w: Rc<Worker>,
@@ -88,7 +89,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             rbuf: BytesMut::with_capacity(BUF_SIZE),
             ubuf: BytesMut::with_capacity(BUF_SIZE),
             out: BytesMut::with_capacity(BUF_SIZE),
-            client_ip: peer.ip().to_string().into_bytes().into(),
+            client_ip: peer.ip().to_string().into(),
             server_port: local.port().to_string().into_bytes().into(),
             params: Params::new(),
             w,
@@ -198,7 +199,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
 
     /// Serves one request. `Ok(true)`: the connection may carry another.
     async fn handle(&mut self, snap: &Snapshot, head: RequestHead) -> Result<bool, Error> {
-        let view = ReqView::new(&head, self.peer, self.local, self.scheme);
+        let client_ip = self.client_ip.clone();
+        let view =
+            ReqView::new(&head, self.peer, self.local, self.scheme).with_peer_text(&client_ip);
         self.params.clear();
         let Some(&idx) = snap.router.find(&view, &mut self.params) else {
             return self
@@ -443,7 +446,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             &ForwardInfo {
                 pass_host: &up.pass_host,
                 node,
-                client_ip: &self.client_ip,
+                client_ip: self.client_ip.as_bytes(),
                 server_port: &self.server_port,
                 scheme: self.scheme.as_bytes(),
                 host,
