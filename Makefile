@@ -8,7 +8,7 @@ BIN := target/release/sluice
 # tests, protoc for etcd-client's build.
 TEST_PKGS := etcd-server redis-server nginx haproxy wrk nghttp2-client protobuf-compiler curl
 RUN_PKGS := curl
-BENCH_PKGS := nginx haproxy wrk nghttp2-client valgrind chromium
+BENCH_PKGS := nginx haproxy wrk nghttp2-client valgrind
 
 .PHONY: run test lint build bench deps-test deps-run deps-bench clean-data
 
