@@ -6,7 +6,7 @@ BIN := target/release/sluice
 
 # Debian packages the tests use: real etcd and Redis servers, nginx/HAProxy/wrk for the side-by-side benchmark
 # tests, protoc for etcd-client's build.
-TEST_PKGS := etcd-server redis-server nginx haproxy wrk nghttp2-client protobuf-compiler curl
+TEST_PKGS := etcd-server redis-server nginx haproxy wrk nghttp2-client protobuf-compiler curl openssl procps util-linux
 RUN_PKGS := curl
 BENCH_PKGS := nginx haproxy wrk nghttp2-client valgrind
 
