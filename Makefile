@@ -42,3 +42,7 @@ test: deps-test lint
 
 bench: deps-bench build
 	$(BIN) bench --out bench-out
+
+# Forget the embedded store (the next `make run` seeds it again from conf/apisix.yaml).
+clean-data:
+	rm -rf .data
