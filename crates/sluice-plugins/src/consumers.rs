@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ahash::AHashMap;
 use serde_json::Value;
 
-use crate::{Chain, CompileEnv, Ctx};
+use crate::{Chain, CompileEnv, Ctx, Flow, Response};
 
 /// One consumer ready for requests.
 pub struct ConsumerRt {
@@ -51,7 +51,34 @@ fn str_field<'a>(
     })
 }
 
+/// What an auth plugin does when it cannot identify the consumer (APISIX's auth flow): attach its
+/// `anonymous_consumer` when it has one, else answer 401 with `msg`.
+pub(crate) fn anonymous_or_reject(
+    anonymous: Option<&ConsumerRt>,
+    ctx: &mut Ctx<'_>,
+    msg: &str,
+) -> Flow {
+    match anonymous {
+        Some(a) => {
+            a.attach(ctx);
+            Flow::Continue
+        }
+        None => Flow::Respond(Response::message(401, msg)),
+    }
+}
+
 impl Consumers {
+    /// Resolves an auth plugin's `anonymous_consumer` once, when the plugin compiles.
+    pub(crate) fn anonymous(&self, name: Option<&str>) -> Result<Option<Arc<ConsumerRt>>, String> {
+        name.map(|n| {
+            self.by_name
+                .get(n)
+                .cloned()
+                .ok_or_else(|| format!("anonymous consumer {n} not found"))
+        })
+        .transpose()
+    }
+
     pub(crate) fn compile(env: &CompileEnv<'_>) -> Result<Consumers, String> {
         let mut out = Consumers::default();
         for c in env.consumers {

@@ -14,10 +14,10 @@ use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::consumers::{ConsumerRt, Consumers};
+use crate::consumers::{anonymous_or_reject, ConsumerRt, Consumers};
 use crate::registry::Entry;
 use crate::util::{base64_decode, parse};
-use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin, Response};
+use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin};
 
 pub const NAME: &str = "hmac-auth";
 pub const PRIORITY: i32 = 2530;
@@ -119,16 +119,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     check(v)?;
     let c: Conf = parse(&schema(), v)?;
     let consumers = env.consumers_rt()?;
-    let anonymous = match &c.anonymous_consumer {
-        Some(n) => Some(
-            consumers
-                .by_name
-                .get(n)
-                .cloned()
-                .ok_or_else(|| format!("anonymous consumer {n} not found"))?,
-        ),
-        None => None,
-    };
+    let anonymous = consumers.anonymous(c.anonymous_consumer.as_deref())?;
     Ok(Arc::new(HmacAuth {
         allowed: c.allowed_algorithms,
         clock_skew: c.clock_skew,
@@ -281,15 +272,11 @@ impl Plugin for HmacAuth {
             Ok(c) => c.attach(ctx),
             Err(reason) => {
                 tracing::warn!(%reason, "client request can't be validated");
-                match &self.anonymous {
-                    Some(a) => a.attach(ctx),
-                    None => {
-                        return Flow::Respond(Response::message(
-                            401,
-                            "client request can't be validated",
-                        ))
-                    }
-                }
+                return anonymous_or_reject(
+                    self.anonymous.as_deref(),
+                    ctx,
+                    "client request can't be validated",
+                );
             }
         }
         Flow::Continue

@@ -13,10 +13,10 @@ use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::consumers::{ConsumerRt, Consumers};
+use crate::consumers::{anonymous_or_reject, ConsumerRt, Consumers};
 use crate::registry::Entry;
 use crate::util::{base64_decode, parse};
-use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin, Response};
+use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin};
 
 pub const NAME: &str = "jwt-auth";
 pub const PRIORITY: i32 = 2510;
@@ -151,16 +151,7 @@ fn creds(consumers: &Consumers) -> Result<HashMap<String, Cred>, String> {
 fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     let c: Conf = parse(&schema(), v)?;
     let consumers = env.consumers_rt()?;
-    let anonymous = match &c.anonymous_consumer {
-        Some(n) => Some(
-            consumers
-                .by_name
-                .get(n)
-                .cloned()
-                .ok_or_else(|| format!("anonymous consumer {n} not found"))?,
-        ),
-        None => None,
-    };
+    let anonymous = consumers.anonymous(c.anonymous_consumer.as_deref())?;
     Ok(Arc::new(JwtAuth {
         header: c.header.to_ascii_lowercase(),
         query: c.query,
@@ -280,10 +271,7 @@ impl Plugin for JwtAuth {
     fn rewrite(&self, ctx: &mut Ctx<'_>) -> Flow {
         match self.find(ctx) {
             Ok(c) => c.attach(ctx),
-            Err(msg) => match &self.anonymous {
-                Some(a) => a.attach(ctx),
-                None => return Flow::Respond(Response::message(401, msg)),
-            },
+            Err(msg) => return anonymous_or_reject(self.anonymous.as_deref(), ctx, msg),
         }
         Flow::Continue
     }

@@ -9,9 +9,9 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::consumers::{ConsumerRt, Consumers};
+use crate::consumers::{anonymous_or_reject, ConsumerRt, Consumers};
 use crate::registry::Entry;
-use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin, Response};
+use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin};
 
 pub const NAME: &str = "key-auth";
 pub const PRIORITY: i32 = 2500;
@@ -72,16 +72,7 @@ struct KeyAuth {
 fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     let c: Conf = crate::util::parse(&schema(), v)?;
     let consumers = env.consumers_rt()?;
-    let anonymous = match &c.anonymous_consumer {
-        Some(name) => Some(
-            consumers
-                .by_name
-                .get(name)
-                .cloned()
-                .ok_or_else(|| format!("anonymous consumer {name} not found"))?,
-        ),
-        None => None,
-    };
+    let anonymous = consumers.anonymous(c.anonymous_consumer.as_deref())?;
     Ok(Arc::new(KeyAuth {
         header: c.header.to_ascii_lowercase(),
         query: c.query,
@@ -152,10 +143,7 @@ impl Plugin for KeyAuth {
     fn rewrite(&self, ctx: &mut Ctx<'_>) -> Flow {
         match self.find(ctx) {
             Ok(c) => c.attach(ctx),
-            Err(msg) => match &self.anonymous {
-                Some(a) => a.attach(ctx),
-                None => return Flow::Respond(Response::message(401, msg)),
-            },
+            Err(msg) => return anonymous_or_reject(self.anonymous.as_deref(), ctx, msg),
         }
         Flow::Continue
     }
