@@ -31,6 +31,10 @@ pub struct CompileEnv<'a> {
     /// Set while a consumer's own plugins compile: counters of consumer-level limits are per consumer, as
     /// APISIX's `route&consumer` conf ids make them.
     pub(crate) consumer_scope: std::sync::Mutex<Option<String>>,
+    /// The snapshot's consumer groups (a consumer's `group_id` pulls in the group's plugins).
+    pub consumer_groups: &'a [sluice_model::ConsumerGroup],
+    /// The snapshot's plugin_metadata (node-wide settings a plugin reads when it compiles).
+    pub plugin_metadata: &'a [sluice_model::PluginMetadata],
 }
 
 impl<'a> CompileEnv<'a> {
@@ -45,7 +49,28 @@ impl<'a> CompileEnv<'a> {
             plugin_attr,
             compiled: OnceLock::new(),
             consumer_scope: std::sync::Mutex::new(None),
+            consumer_groups: &[],
+            plugin_metadata: &[],
         }
+    }
+
+    /// Adds the snapshot's consumer groups and plugin_metadata (absent, a compile sees none).
+    pub fn with_groups_and_metadata(
+        mut self,
+        groups: &'a [sluice_model::ConsumerGroup],
+        metadata: &'a [sluice_model::PluginMetadata],
+    ) -> Self {
+        self.consumer_groups = groups;
+        self.plugin_metadata = metadata;
+        self
+    }
+
+    /// The plugin_metadata object of plugin `name`, if one is configured.
+    pub fn metadata(&self, name: &str) -> Option<&'a serde_json::Map<String, Value>> {
+        self.plugin_metadata
+            .iter()
+            .find(|m| m.id.0 == name)
+            .map(|m| &m.conf)
     }
 
     /// The consumer whose plugins are being compiled, if any.
@@ -59,13 +84,34 @@ impl<'a> CompileEnv<'a> {
         }
     }
 
-    /// Compiles a consumer's own (non-auth) plugins under that consumer's counter scope.
+    /// Compiles a consumer's own (non-auth) plugins, merged over its consumer group's, under that consumer's
+    /// counter scope.
     pub(crate) fn compile_consumer(
         &self,
         c: &sluice_model::Consumer,
     ) -> Result<Option<Arc<Chain>>, String> {
+        let group = match &c.group_id {
+            None => None,
+            Some(id) => Some(
+                self.consumer_groups
+                    .iter()
+                    .find(|g| g.id == *id)
+                    .ok_or_else(|| format!("failed to fetch consumer group config by id: {id}"))?,
+            ),
+        };
+        // APISIX's merge: the group's plugins, then the consumer's own over them (same name: the consumer's).
+        let merged;
+        let plugins = match group {
+            Some(g) if !g.plugins.is_empty() => {
+                let mut m = g.plugins.clone();
+                m.extend(c.plugins.iter().map(|(k, v)| (k.clone(), v.clone())));
+                merged = m;
+                &merged
+            }
+            _ => &c.plugins,
+        };
         self.set_consumer_scope(Some(&c.username));
-        let r = Chain::compile_filtered(&c.plugins, self, true);
+        let r = Chain::compile_filtered(plugins, self, true);
         self.set_consumer_scope(None);
         r
     }

@@ -1,6 +1,7 @@
 //! The snapshot's consumers, compiled once: credential maps for the auth plugins (key -> consumer, username ->
 //! password + consumer) and each consumer's own plugin chain (its non-auth plugins), so an auth plugin's lookup
-//! is one hash probe and attaching a consumer is two `Arc` clones. Consumer groups are not modelled yet.
+//! is one hash probe and attaching a consumer is two `Arc` clones. A consumer's group plugins are merged into its
+//! chain (see `CompileEnv::compile_consumer`).
 
 use std::sync::Arc;
 

@@ -180,7 +180,8 @@ impl Snapshot {
             shared_ups.insert(id, rt);
         }
 
-        let env = CompileEnv::new(shared, &res.consumers, None);
+        let env = CompileEnv::new(shared, &res.consumers, None)
+            .with_groups_and_metadata(&res.consumer_groups, &res.plugin_metadata);
         let mut global_plugins = serde_json::Map::new();
         for g in &res.global_rules {
             global_plugins.extend(g.plugins.iter().map(|(k, v)| (k.clone(), v.clone())));

@@ -3,6 +3,8 @@
 //! documented behaviour (docs/en/latest/plugins/<name>.md, t/plugin/<name>.t).
 
 mod auth;
+mod groups;
+mod jwt;
 mod limits;
 mod loggers;
 mod metrics;
