@@ -252,6 +252,9 @@ impl Default for KeepalivePool {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct UpstreamTls {
+    /// An `ssls` resource of `type: "client"` holding the client certificate (instead of `client_cert`/`client_key`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_cert_id: Option<Id>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_cert: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -366,6 +369,9 @@ pub struct PluginConfig {
 #[serde(default)]
 pub struct Ssl {
     pub id: Id,
+    /// `server` (default: served on TLS listeners by SNI) or `client` (a certificate for upstream mTLS).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
     pub cert: String,
     pub key: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]

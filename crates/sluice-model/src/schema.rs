@@ -101,7 +101,12 @@ pub fn upstream() -> Value {
             "tls": {"type": "object", "properties": {
                 "client_cert_id": id_schema(), "client_cert": pem(), "client_key": pem(),
                 "verify": {"type": "boolean", "default": false}
-            }, "dependencies": {"client_cert": ["client_key"], "client_key": ["client_cert"]}},
+            }, "dependencies": {
+                // Inline cert and key together, or an `ssls` id: never both (APISIX's upstream tls schema).
+                "client_cert": {"required": ["client_key"], "not": {"required": ["client_cert_id"]}},
+                "client_key": {"required": ["client_cert"], "not": {"required": ["client_cert_id"]}},
+                "client_cert_id": {"not": {"anyOf": [{"required": ["client_cert"]}, {"required": ["client_key"]}]}}
+            }},
             "keepalive_pool": {"type": "object", "properties": {
                 "size": {"type": "integer", "default": 320, "minimum": 1},
                 "idle_timeout": {"type": "number", "default": 60, "minimum": 0},

@@ -288,12 +288,9 @@ async fn probe(up: &UpstreamRt, check: &ActiveCheck, i: usize) -> Outcome {
             ProbeKind::Tcp => Outcome::Success,
             ProbeKind::Http => http_probe(tcp, up, check, i).await,
             ProbeKind::Https => {
-                let cfg = match &up.tls {
-                    Some(c) => c.clone(),
-                    None => match crate::tls::client_config(None) {
-                        Ok(c) => c,
-                        Err(_) => return Outcome::Tcp,
-                    },
+                // Compiled with the upstream (client certificate included) whenever probes are https.
+                let Some(cfg) = up.probe_tls.clone() else {
+                    return Outcome::Tcp;
                 };
                 let name = node.sni.clone().unwrap_or_else(|| {
                     rustls::pki_types::ServerName::IpAddress(node.addr.ip().into())

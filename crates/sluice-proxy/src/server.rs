@@ -35,6 +35,8 @@ pub struct ProxyConfig {
     pub max_connections: usize,
     /// Serve h2c (prior knowledge) on plain listeners (APISIX `apisix.enable_http2`).
     pub enable_http2: bool,
+    /// The SNI assumed for TLS clients that send none (APISIX `apisix.ssl.fallback_sni`).
+    pub fallback_sni: Option<Box<str>>,
 }
 
 impl Default for ProxyConfig {
@@ -55,6 +57,14 @@ impl ProxyConfig {
             max_body: s.client_max_body_size,
             max_connections: s.max_connections.max(1),
             enable_http2: n.apisix.enable_http2,
+            fallback_sni: n
+                .apisix
+                .ssl
+                .as_ref()
+                .and_then(|v| v.get("fallback_sni"))
+                .and_then(|v| v.as_str())
+                .filter(|v| !v.is_empty())
+                .map(|v| v.to_ascii_lowercase().into()),
         }
     }
 }

@@ -17,9 +17,8 @@ use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
 
 use ahash::AHashMap;
-use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
@@ -29,6 +28,7 @@ use tokio_rustls::LazyConfigAcceptor;
 
 use crate::conn::Conn;
 use crate::server::Worker;
+use crate::tls::{certified_key, provider};
 
 /// ALPN protocols offered on TLS listeners, preferred first (a client that offers none gets HTTP/1.1).
 const ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
@@ -56,7 +56,9 @@ impl SniTable {
     /// Compiles every enabled `ssls` entry (`status` absent or 1). An error names the ssl at fault.
     pub(crate) fn compile(ssls: &[Ssl]) -> Result<SniTable, String> {
         let mut t = SniTable::default();
-        for s in ssls.iter().filter(|s| s.status.unwrap_or(1) == 1) {
+        // `type: "client"` entries are certificates for upstream mTLS (`tls.client_cert_id`), never served.
+        let served = |s: &&Ssl| s.status.unwrap_or(1) == 1 && s.kind.as_deref() != Some("client");
+        for s in ssls.iter().filter(served) {
             let cfg = server_config(s).map_err(|e| format!("ssl {}: {e}", s.id))?;
             let mut names: Vec<&str> = s.snis.iter().map(String::as_str).collect();
             names.extend(s.sni.as_deref());
@@ -102,14 +104,16 @@ impl SniTable {
 }
 
 /// Terminates TLS on an accepted connection and serves HTTP/1.1 over it. The handshake (ClientHello included) must
-/// finish within the header timeout; an unknown or missing SNI ends the connection with an alert, as APISIX does
-/// without a fallback certificate.
+/// finish within the header timeout. A client that sends no SNI is served as if it had sent
+/// `apisix.ssl.fallback_sni` (when set); an unknown or missing name ends the connection with an alert, as APISIX does.
 pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, local: SocketAddr, w: Rc<Worker>) {
     let limit = w.shared.cfg.header_timeout;
     let handshake = async {
         let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream).await?;
         let snap = w.shared.snapshot.load();
-        let cfg = snap.tls.lookup(start.client_hello().server_name()).cloned();
+        let hello = start.client_hello();
+        let sni = hello.server_name().or(w.shared.cfg.fallback_sni.as_deref());
+        let cfg = snap.tls.lookup(sni).cloned();
         drop(snap);
         let Some(cfg) = cfg else {
             return Err(std::io::Error::other(
@@ -129,12 +133,6 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, local: SocketAddr
         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
     }
-}
-
-fn provider() -> Arc<CryptoProvider> {
-    static P: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
-    P.get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
-        .clone()
 }
 
 /// One ticketer for the process: tickets issued before a snapshot swap still resume after it.
@@ -176,28 +174,9 @@ fn server_config(s: &Ssl) -> Result<Arc<ServerConfig>, String> {
     Ok(Arc::new(cfg))
 }
 
-fn certified_key(cert: &str, key: &str) -> Result<Arc<CertifiedKey>, String> {
-    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("invalid cert: {e}"))?;
-    if chain.is_empty() {
-        return Err("cert holds no PEM certificate".into());
-    }
-    let der =
-        PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| format!("invalid key: {e}"))?;
-    let signing = provider()
-        .key_provider
-        .load_private_key(der)
-        .map_err(|e| format!("unsupported key: {e}"))?;
-    let ck = CertifiedKey::new(chain, signing);
-    // Catches a key that does not belong to its certificate at config time, not at the first handshake.
-    ck.keys_match()
-        .map_err(|e| format!("cert and key do not match: {e}"))?;
-    Ok(Arc::new(ck))
-}
-
-/// `client.ca` (PEM): client certificates are required and verified against it. `client.depth` is accepted but
-/// not enforced (rustls bounds chain length itself).
+/// `client.ca` (PEM): client certificates are required and verified against it, through at most `client.depth`
+/// intermediates (default 1, as APISIX and nginx's `ssl_verify_depth`). `client.skip_mtls_uri_regex` is accepted
+/// but not applied: every URI of that SNI requires the certificate (stricter than APISIX, never looser).
 fn client_ca(
     s: &Ssl,
 ) -> Result<Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>, String> {
@@ -219,10 +198,16 @@ fn client_ca(
     if roots.is_empty() {
         return Err("client.ca holds no PEM certificate".into());
     }
+    let depth = match s.client.as_ref().and_then(|c| c.get("depth")) {
+        None => 1,
+        Some(d) => d
+            .as_u64()
+            .ok_or("client.depth must be a non-negative integer")? as usize,
+    };
     let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
         .build()
         .map_err(|e| format!("client.ca: {e}"))?;
-    Ok(Some(v))
+    Ok(Some(Arc::new(depth::Limited { inner: v, depth })))
 }
 
 /// Every certificate of one `ssls` entry; the first whose key can sign with a scheme the client offers wins, so an
@@ -240,5 +225,6 @@ impl ResolvesServerCert for MultiCert {
     }
 }
 
+mod depth;
 #[cfg(test)]
 mod tests;

@@ -75,3 +75,24 @@ fn ids_remote_addrs_and_consumers() {
     assert!(resource_schema("routes").is_some() && resource_schema("ssls").is_some());
     assert!(resource_schema("nope").is_none());
 }
+
+#[test]
+fn upstream_tls_takes_inline_cert_and_key_or_an_ssl_id_not_both() {
+    let pem = "-".repeat(128);
+    let up = |tls: serde_json::Value| json!({"nodes": {"127.0.0.1:443": 1}, "scheme": "https", "tls": tls});
+    validate(
+        &upstream(),
+        &up(json!({"client_cert": pem, "client_key": pem})),
+    )
+    .unwrap();
+    validate(&upstream(), &up(json!({"client_cert_id": "1"}))).unwrap();
+    validate(&upstream(), &up(json!({"verify": true}))).unwrap();
+    for bad in [
+        json!({"client_cert": pem}),
+        json!({"client_key": pem}),
+        json!({"client_cert_id": "1", "client_cert": pem, "client_key": pem}),
+        json!({"client_cert_id": "1", "client_key": pem}),
+    ] {
+        assert!(validate(&upstream(), &up(bad.clone())).is_err(), "{bad}");
+    }
+}

@@ -1,7 +1,9 @@
 //! TLS termination through the real proxy: certificates generated per test (rcgen; RSA keys from the openssl CLI,
 //! which ring cannot generate), an in-process gateway on a `Tls` listener, an in-process cleartext origin, and a
 //! blocking rustls client that records the certificate it was shown. Covers SNI exact/wildcard selection, RSA vs
-//! ECDSA per SNI, rotation by publishing a snapshot, mTLS accept/reject, TLS 1.2/1.3 and session resumption.
+//! ECDSA per SNI, rotation by publishing a snapshot, mTLS accept/reject, TLS 1.2/1.3 and session resumption;
+//! `listener.rs` the node-level settings (`fallback_sni`, `client.depth`), `upstream.rs` client certificates
+//! towards upstreams.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -15,6 +17,9 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use serde_json::{json, Value};
 use sluice_model::Resources;
 use sluice_proxy::{Gateway, ListenerKind, Listeners, ProxyConfig, Running, Snapshot};
+
+mod listener;
+mod upstream;
 
 /// A CA, or a leaf it signed.
 struct Pki {
@@ -129,9 +134,13 @@ struct Gw {
 
 impl Gw {
     fn start(ssls: Vec<Value>) -> Gw {
+        Gw::start_with(ssls, ProxyConfig::default())
+    }
+
+    fn start_with(ssls: Vec<Value>, cfg: ProxyConfig) -> Gw {
         let origin = origin();
         let snap = Snapshot::compile(&resources(origin, ssls), 1).expect("compiles");
-        let gw = Gateway::new(ProxyConfig::default(), snap);
+        let gw = Gateway::new(cfg, snap);
         let l = Listeners::bind_kinds(&[("127.0.0.1:0".parse().unwrap(), ListenerKind::Tls)], 1)
             .unwrap();
         let addr = l.local_addrs[0];
