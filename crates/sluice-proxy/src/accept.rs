@@ -1,7 +1,8 @@
 //! What happens to an accepted TCP connection before HTTP: the dispatch point between protocols.
 //!
-//! Plain listeners speak HTTP/1.1 (and h2c, see below); TLS listeners terminate TLS first and pick HTTP/1.1 or h2 by
-//! ALPN. Everything after this point is generic over the stream type, so HTTP/1.1 over TLS is the same `Conn`.
+//! Plain listeners speak HTTP/1.1 and h2c, told apart by peeking at the opening bytes (`h2::sniff`: the h2
+//! preface, HTTP/1.x, or neither, which is closed unanswered); TLS listeners terminate TLS first and pick HTTP/1.1
+//! or h2 by ALPN. Everything after this point is generic over the stream type, so HTTP/1.1 over TLS is the same `Conn`.
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -30,22 +31,21 @@ pub(crate) async fn serve(
     kind: ListenerKind,
     w: Rc<Worker>,
 ) {
+    use crate::h2::Opening;
+    let t = w.shared.cfg.header_timeout;
     match kind {
-        ListenerKind::Plain => {
-            let t = w.shared.cfg.header_timeout;
-            if w.shared.cfg.enable_http2 && crate::h2::sniff_preface(&stream, t).await {
-                crate::h2::serve(stream, peer, local, "http", w).await
-            } else {
-                Conn::new(stream, peer, local, "http", w).run().await
+        ListenerKind::Plain if w.shared.cfg.enable_http2 => {
+            match crate::h2::sniff(&stream, t).await {
+                Opening::H2 => crate::h2::serve(stream, peer, local, "http", w).await,
+                Opening::Http1 => Conn::new(stream, peer, local, "http", w).run().await,
+                Opening::Neither => crate::h2::refuse(stream).await,
             }
         }
+        ListenerKind::Plain => Conn::new(stream, peer, local, "http", w).run().await,
         ListenerKind::Tls => crate::tls_server::serve(stream, peer, local, w).await,
-        ListenerKind::H2c => {
-            if crate::h2::sniff_preface(&stream, w.shared.cfg.header_timeout).await {
-                crate::h2::serve(stream, peer, local, "http", w).await
-            } else {
-                crate::h2::refuse(stream).await
-            }
-        }
+        ListenerKind::H2c => match crate::h2::sniff(&stream, t).await {
+            Opening::H2 => crate::h2::serve(stream, peer, local, "http", w).await,
+            _ => crate::h2::refuse(stream).await,
+        },
     }
 }

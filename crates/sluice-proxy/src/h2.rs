@@ -10,6 +10,8 @@
 //! `Upgrade: h2c` into an h2 connection whose stream 1 is the upgrading request.
 
 mod bridge;
+#[cfg(test)]
+mod tests;
 pub(crate) mod upgrade;
 pub(crate) mod upstream;
 
@@ -33,31 +35,69 @@ const MAX_STREAMS: u32 = 128;
 const STREAM_WINDOW: u32 = 256 * 1024;
 const CONN_WINDOW: u32 = 1024 * 1024;
 
-/// Whether a freshly accepted plain connection starts with the h2 preface. Only peeks: the bytes stay in the socket
-/// for whichever protocol serves it. Waits for at most `t` while the bytes so far are a prefix of the preface.
-pub(crate) async fn sniff_preface(stream: &TcpStream, t: Duration) -> bool {
+/// What a freshly accepted cleartext connection opened with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Opening {
+    /// The h2 client preface (RFC 9113 §3.4).
+    H2,
+    /// Anything else that may be HTTP/1.x (including what the HTTP/1.1 parser will refuse with a 4xx/5xx).
+    Http1,
+    /// A complete first line whose third token is not an HTTP version at all (h2spec 3.5's
+    /// `INVALID CONNECTION PREFACE`): the peer speaks neither protocol, so it gets no HTTP/1.1 answer.
+    Neither,
+}
+
+/// How much of the opening the sniff looks at: the preface, or a typical first request line.
+const SNIFF: usize = 256;
+
+/// Classifies a freshly accepted cleartext connection by peeking (the bytes stay in the socket for whichever
+/// protocol serves it): one `peek` in the common case, since a request line or preface arrives in one segment.
+/// Waits for at most `t` only while the bytes so far are a prefix of the preface.
+pub(crate) async fn sniff(stream: &TcpStream, t: Duration) -> Opening {
     let deadline = tokio::time::Instant::now() + t;
-    let mut buf = [0u8; 24];
+    let mut buf = [0u8; SNIFF];
     // Bounded: at most one retry per millisecond until the deadline.
     loop {
         let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
             Ok(Ok(n)) => n,
-            _ => return false,
+            _ => return Opening::Http1,
         };
-        if n == 0 || buf[..n] != PREFACE[..n] {
-            return false;
+        let m = n.min(PREFACE.len());
+        if n == 0 || buf[..m] != PREFACE[..m] {
+            return classify_line(&buf[..n]);
         }
-        if n == PREFACE.len() {
-            return true;
+        if n >= PREFACE.len() {
+            return Opening::H2;
         }
         if tokio::time::Instant::now() >= deadline {
-            return false;
+            return Opening::Http1;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
-/// Closes a connection that did not open with the preface (RFC 9113 §3.4: no frames can be exchanged yet):
+/// `Neither` only for a whole first line of exactly three tokens whose last does not start with `HTTP/` (any
+/// case): `GET / http/1.1`, `GET / HTTP/9.9`, `GET /` (HTTP/0.9) and partial lines stay HTTP/1.x and get the
+/// parser's 400/505.
+fn classify_line(b: &[u8]) -> Opening {
+    let Some(end) = memchr::memmem::find(b, b"\r\n") else {
+        return Opening::Http1;
+    };
+    let mut parts = b[..end].split(|&c| c == b' ');
+    let (Some(_), Some(_), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Opening::Http1;
+    };
+    if version.len() >= 5 && version[..5].eq_ignore_ascii_case(b"HTTP/") {
+        Opening::Http1
+    } else {
+        Opening::Neither
+    }
+}
+
+/// Closes a connection that did not open with the preface (RFC 9113 §3.4: no frames can be exchanged yet) or
+/// with anything HTTP/1.x:
 /// FIN first, then what the client sent is drained briefly so the close is orderly rather than a reset.
 pub(crate) async fn refuse(mut stream: TcpStream) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

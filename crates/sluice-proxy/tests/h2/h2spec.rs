@@ -143,15 +143,11 @@ fn h2spec_tls_listener_with_alpn_h2_passes_all() {
 }
 
 #[test]
-fn h2spec_dual_protocol_port_fails_only_the_invalid_preface_case() {
-    // On a port that also speaks HTTP/1.1, "INVALID CONNECTION PREFACE\r\n\r\n" is an (invalid) HTTP/1.1
-    // request and is answered 400 as RFC 9112 §3 asks, where h2spec 3.5 expects a silent close.
+fn h2spec_dual_protocol_port_passes_all() {
+    // Includes 3.5: "INVALID CONNECTION PREFACE\r\n\r\n" is neither the h2 preface nor an HTTP/1.x request line
+    // (its version token is not `HTTP/...`), so the shared port closes it unanswered (`h2::sniff`).
     let Some(failed) = run(ListenerKind::Plain) else {
         return;
     };
-    assert_eq!(
-        failed,
-        ["http2/3.5 Sends invalid connection preface"],
-        "h2spec failures"
-    );
+    assert!(failed.is_empty(), "h2spec failures: {failed:?}");
 }
