@@ -19,6 +19,8 @@ use crate::health_check::{self, ActiveCheck, Checks};
 use crate::tls;
 use crate::tls_server::SniTable;
 
+mod reuse;
+
 /// One published configuration. Immutable; replaced whole.
 pub struct Snapshot {
     pub revision: u64,
@@ -30,6 +32,8 @@ pub struct Snapshot {
     upstreams: AHashMap<Box<str>, Arc<UpstreamRt>>,
     /// Certificates by SNI for TLS listeners (`ssls`).
     pub(crate) tls: SniTable,
+    /// Compiled routes with their inputs, so the next compile recompiles only what changed.
+    reuse: reuse::Reuse,
 }
 
 pub(crate) struct CompiledRoute {
@@ -90,8 +94,6 @@ pub(crate) struct UpstreamRt {
     pub balancer: Balancer,
     pub nodes: Vec<NodeRt>,
     pub tls: Option<Arc<rustls::ClientConfig>>,
-    /// For `https` active probes: the upstream's TLS settings (client certificate included) without ALPN h2.
-    pub probe_tls: Option<Arc<rustls::ClientConfig>>,
     pub pass_host: PassHost,
     pub hash_on: HashOn,
     /// `None`: as many as there are other nodes (APISIX's default).
@@ -105,8 +107,6 @@ pub(crate) struct UpstreamRt {
     pub active: Option<Arc<ActiveCheck>>,
     /// The configuration this was compiled from: an unchanged upstream keeps its runtime across reloads.
     source: Upstream,
-    /// The `ssls` entry `tls.client_cert_id` named: changing it changes the upstream too.
-    client_ssl: Option<sluice_model::Ssl>,
 }
 
 impl Snapshot {
@@ -119,6 +119,7 @@ impl Snapshot {
             global: None,
             upstreams: AHashMap::new(),
             tls: SniTable::default(),
+            reuse: reuse::Reuse::default(),
         }
     }
 
@@ -151,7 +152,9 @@ impl Snapshot {
 
     /// Compiles `res` as the successor of `prev`: an upstream whose configuration did not change keeps its runtime
     /// (balancer cursor, connection counts, health); a changed one inherits health and latency state by node
-    /// address. A reload therefore neither resets passive health nor skews least_conn.
+    /// address. A reload therefore neither resets passive health nor skews least_conn. A route whose inputs did
+    /// not change (same route, service, plugin config, upstream runtime, consumers and plugin state: `reuse`)
+    /// keeps its compiled form, so a one-route change costs little besides `Router::build`.
     pub fn compile_next(
         res: &Resources,
         revision: u64,
@@ -159,17 +162,12 @@ impl Snapshot {
         prev: Option<&Snapshot>,
     ) -> Result<Snapshot, String> {
         let mut upstreams: AHashMap<Box<str>, Arc<UpstreamRt>> = AHashMap::new();
-        let ssls: tls::SslsById = res.ssls.iter().map(|s| (s.id.0.as_str(), s)).collect();
         let mut runtime = |key: String, u: &Upstream| -> Result<Arc<UpstreamRt>, String> {
             let old = prev.and_then(|p| p.upstreams.get(key.as_str()));
-            let client_ssl = match &u.tls {
-                Some(t) => tls::client_ssl(t, &ssls)?,
-                None => None,
-            };
             let rt = match old {
-                Some(o) if o.source == *u && o.client_ssl.as_ref() == client_ssl => o.clone(),
+                Some(o) if o.source == *u => o.clone(),
                 _ => {
-                    let rt = compile_upstream(u, &ssls)?;
+                    let rt = compile_upstream(u)?;
                     if let Some(o) = old {
                         rt.balancer.inherit_state(&o.balancer);
                     }
@@ -189,8 +187,7 @@ impl Snapshot {
             shared_ups.insert(id, rt);
         }
 
-        let env = CompileEnv::new(shared, &res.consumers, None)
-            .with_groups_and_metadata(&res.consumer_groups, &res.plugin_metadata);
+        let env = CompileEnv::new(shared, &res.consumers, None);
         let mut global_plugins = serde_json::Map::new();
         for g in &res.global_rules {
             global_plugins.extend(g.plugins.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -199,7 +196,20 @@ impl Snapshot {
             Chain::compile(&global_plugins, &env).map_err(|e| format!("global_rules: {e}"))?;
         let mut specs = Vec::with_capacity(res.routes.len());
         let mut routes = Vec::with_capacity(res.routes.len());
+        let mut cache = reuse::Builder::new(prev.map(|p| &p.reuse), res, shared);
+        // Inline upstreams of reused routes, registered once `runtime` is done with `upstreams`.
+        let mut kept_inline: Vec<(Box<str>, Arc<UpstreamRt>)> = Vec::new();
         for r in res.routes.iter().filter(|r| r.enabled()) {
+            if let Some((spec, compiled, inline)) = cache.reuse(r, &shared_ups, routes.len() as u32)
+            {
+                if inline {
+                    let key = format!("r:{}", r.id).into_boxed_str();
+                    kept_inline.push((key, compiled.upstream.clone()));
+                }
+                specs.push(spec);
+                routes.push(compiled);
+                continue;
+            }
             let ctx = |e: String| format!("route {}: {e}", r.id);
             let service = match &r.service_id {
                 Some(id) => Some(*services.get(id).ok_or_else(|| {
@@ -244,7 +254,7 @@ impl Snapshot {
             if uris.is_empty() {
                 return Err(ctx("one of uri or uris is required".into()));
             }
-            specs.push(RouteSpec {
+            let spec = RouteSpec {
                 uris,
                 hosts: eff.hosts.clone(),
                 methods: r.methods.clone(),
@@ -252,15 +262,23 @@ impl Snapshot {
                 vars: r.vars.clone(),
                 priority: r.priority,
                 value: routes.len() as u32,
-            });
-            routes.push(CompiledRoute {
+            };
+            let compiled = CompiledRoute {
                 id: Arc::from(r.id.0.as_str()),
                 upstream,
                 timeouts,
                 plugins,
                 websocket: eff.enable_websocket,
-            });
+            };
+            let upstream_id = match eff.upstream {
+                Some(_) => None,
+                None => eff.upstream_id.as_ref().map(|i| i.0.clone()),
+            };
+            cache.record(r, upstream_id, &spec, &compiled);
+            specs.push(spec);
+            routes.push(compiled);
         }
+        upstreams.extend(kept_inline);
         let router = Router::build(specs).map_err(|e| {
             let id = routes.get(e.index).map_or("?", |r| &r.id);
             format!("route {id}: {}", e.reason)
@@ -273,11 +291,12 @@ impl Snapshot {
             global,
             upstreams,
             tls,
+            reuse: cache.next,
         })
     }
 }
 
-fn compile_upstream(u: &Upstream, ssls: &tls::SslsById<'_>) -> Result<UpstreamRt, String> {
+fn compile_upstream(u: &Upstream) -> Result<UpstreamRt, String> {
     let kind = match u.kind.as_str() {
         "roundrobin" => LbKind::RoundRobin,
         "chash" => LbKind::Chash,
@@ -361,32 +380,22 @@ fn compile_upstream(u: &Upstream, ssls: &tls::SslsById<'_>) -> Result<UpstreamRt
         }
         (other, _) => return Err(format!("invalid hash_on {other:?}")),
     };
+    let tls_cfg = if https {
+        let cfg = tls::client_config(u.tls.as_ref())?;
+        Some(if h2 {
+            let mut c = (*cfg).clone();
+            c.alpn_protocols = vec![b"h2".to_vec()];
+            Arc::new(c)
+        } else {
+            cfg
+        })
+    } else {
+        None
+    };
     let kp = u.keepalive_pool;
     let checks = match &u.checks {
         Some(v) => health_check::parse(v)?,
         None => Checks::default(),
-    };
-    let https_probe = checks
-        .active
-        .as_ref()
-        .is_some_and(|a| a.kind == health_check::ProbeKind::Https);
-    let base_tls = if https || https_probe {
-        Some(tls::client_config(u.tls.as_ref(), ssls)?)
-    } else {
-        None
-    };
-    let tls_cfg = match &base_tls {
-        Some(cfg) if h2 => {
-            let mut c = (**cfg).clone();
-            c.alpn_protocols = vec![b"h2".to_vec()];
-            Some(Arc::new(c))
-        }
-        Some(cfg) if https => Some(cfg.clone()),
-        _ => None,
-    };
-    let client_ssl = match &u.tls {
-        Some(t) => tls::client_ssl(t, ssls)?.cloned(),
-        None => None,
     };
     let balancer = match checks.passive {
         Some(p) => Balancer::with_passive(kind, specs, p),
@@ -394,8 +403,6 @@ fn compile_upstream(u: &Upstream, ssls: &tls::SslsById<'_>) -> Result<UpstreamRt
     };
     Ok(UpstreamRt {
         source: u.clone(),
-        client_ssl,
-        probe_tls: base_tls,
         active: checks.active.map(Arc::new),
         balancer,
         nodes,

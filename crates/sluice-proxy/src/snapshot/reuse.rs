@@ -1,0 +1,218 @@
+//! What one compile leaves for the next (issue 4: one route changed out of 100,000 must not recompile the other
+//! 99,999): every compiled route with the exact inputs it was compiled from, services and plugin configs shared
+//! by `Arc` so that "same input" is a pointer comparison, and the rest of the configuration plugin chains may read
+//! (consumers, credentials, metadata, ...). A route is reused only when its route, service, plugin config,
+//! referenced upstream runtime, that environment and the plugin state (`Shared`) are all unchanged; anything else
+//! compiles afresh. It does not make the router incremental: `Router::build` still runs over every route.
+
+use std::sync::Arc;
+
+use ahash::AHashMap;
+use sluice_model::{Id, PluginConfig, Resources, Route, Service};
+use sluice_plugins::{Chain, Shared};
+use sluice_router::RouteSpec;
+
+use super::{CompiledRoute, Timeouts, UpstreamRt};
+
+/// The inputs and outputs of one compile, kept in its snapshot.
+#[derive(Default)]
+pub(super) struct Reuse {
+    /// Address of the `Shared` the chains were compiled with: chains are reused only under the same plugin state.
+    shared: usize,
+    /// Everything chains and upstream runtimes may depend on besides routes, services, upstreams and plugin
+    /// configs (`ssls` included: upstream client certificates name them). Those four fields stay empty.
+    env: Arc<Resources>,
+    services: AHashMap<String, Arc<Service>>,
+    plugin_configs: AHashMap<String, Arc<PluginConfig>>,
+    routes: AHashMap<Arc<str>, Arc<CachedRoute>>,
+}
+
+pub(super) struct CachedRoute {
+    route: Route,
+    service: Option<Arc<Service>>,
+    plugin_config: Option<Arc<PluginConfig>>,
+    /// The shared upstream it points at (`None`: inline, kept as `r:<id>`).
+    upstream_id: Option<String>,
+    spec: RouteSpec<u32>,
+    id: Arc<str>,
+    upstream: Arc<UpstreamRt>,
+    timeouts: Timeouts,
+    plugins: Option<Arc<Chain>>,
+    websocket: bool,
+}
+
+/// The next compile's view of the previous one.
+pub(super) struct Builder<'p> {
+    old: Option<&'p Reuse>,
+    pub next: Reuse,
+}
+
+fn env_of(res: &Resources) -> Resources {
+    // Exhaustive on purpose: a new field in `Resources` must be placed on one side or the other here.
+    let Resources {
+        routes: _,
+        services: _,
+        upstreams: _,
+        plugin_configs: _,
+        ssls,
+        consumers,
+        global_rules,
+        credentials,
+        consumer_groups,
+        plugin_metadata,
+        protos,
+        secrets,
+    } = res;
+    Resources {
+        ssls: ssls.clone(),
+        consumers: consumers.clone(),
+        global_rules: global_rules.clone(),
+        credentials: credentials.clone(),
+        consumer_groups: consumer_groups.clone(),
+        plugin_metadata: plugin_metadata.clone(),
+        protos: protos.clone(),
+        secrets: secrets.clone(),
+        ..Resources::default()
+    }
+}
+
+fn same_env(a: &Resources, b: &Resources) -> bool {
+    a.consumers == b.consumers
+        && a.ssls == b.ssls
+        && a.global_rules == b.global_rules
+        && a.credentials == b.credentials
+        && a.consumer_groups == b.consumer_groups
+        && a.plugin_metadata == b.plugin_metadata
+        && a.protos == b.protos
+        && a.secrets == b.secrets
+}
+
+impl<'p> Builder<'p> {
+    pub fn new(prev: Option<&'p Reuse>, res: &Resources, shared: &Shared) -> Builder<'p> {
+        let addr = shared as *const Shared as usize;
+        let old = prev.filter(|p| p.shared == addr);
+        let (old, env) = match old {
+            Some(p) if same_env(&p.env, res) => (Some(p), p.env.clone()),
+            _ => (None, Arc::new(env_of(res))),
+        };
+        // Services and plugin configs: the previous `Arc` when the value is unchanged, so routes compare pointers.
+        let services = res
+            .services
+            .iter()
+            .map(|s| {
+                let kept = old
+                    .and_then(|o| o.services.get(&s.id.0))
+                    .filter(|k| ***k == *s);
+                (
+                    s.id.0.clone(),
+                    kept.cloned().unwrap_or_else(|| Arc::new(s.clone())),
+                )
+            })
+            .collect();
+        let plugin_configs = res
+            .plugin_configs
+            .iter()
+            .map(|p| {
+                let kept = old
+                    .and_then(|o| o.plugin_configs.get(&p.id.0))
+                    .filter(|k| ***k == *p);
+                (
+                    p.id.0.clone(),
+                    kept.cloned().unwrap_or_else(|| Arc::new(p.clone())),
+                )
+            })
+            .collect();
+        Builder {
+            old,
+            next: Reuse {
+                shared: addr,
+                env,
+                services,
+                plugin_configs,
+                routes: AHashMap::with_capacity(res.routes.len()),
+            },
+        }
+    }
+
+    fn service(&self, id: &Option<Id>) -> Option<Arc<Service>> {
+        id.as_ref()
+            .and_then(|i| self.next.services.get(&i.0))
+            .cloned()
+    }
+
+    fn plugin_config(&self, id: &Option<Id>) -> Option<Arc<PluginConfig>> {
+        id.as_ref()
+            .and_then(|i| self.next.plugin_configs.get(&i.0))
+            .cloned()
+    }
+
+    /// The previous compile of `r` when every input is unchanged: its router spec (with `value` set to `index`),
+    /// its compiled route, and whether its upstream is inline (to be registered as `r:<id>`).
+    pub fn reuse(
+        &mut self,
+        r: &Route,
+        shared_ups: &AHashMap<&str, Arc<UpstreamRt>>,
+        index: u32,
+    ) -> Option<(RouteSpec<u32>, CompiledRoute, bool)> {
+        let c = self.old?.routes.get(r.id.0.as_str())?;
+        let fresh_up = match &c.upstream_id {
+            Some(id) => shared_ups
+                .get(id.as_str())
+                .is_some_and(|u| Arc::ptr_eq(u, &c.upstream)),
+            None => true,
+        };
+        if !(fresh_up
+            && same_ptr(&c.service, &self.service(&r.service_id))
+            && same_ptr(&c.plugin_config, &self.plugin_config(&r.plugin_config_id))
+            && c.route == *r)
+        {
+            return None;
+        }
+        let mut spec = c.spec.clone();
+        spec.value = index;
+        let compiled = CompiledRoute {
+            id: c.id.clone(),
+            upstream: c.upstream.clone(),
+            timeouts: c.timeouts,
+            plugins: c.plugins.clone(),
+            websocket: c.websocket,
+        };
+        let inline = c.upstream_id.is_none();
+        self.next.routes.insert(c.id.clone(), c.clone());
+        Some((spec, compiled, inline))
+    }
+
+    /// Records a freshly compiled route for the next compile.
+    pub fn record(
+        &mut self,
+        r: &Route,
+        upstream_id: Option<String>,
+        spec: &RouteSpec<u32>,
+        compiled: &CompiledRoute,
+    ) {
+        let c = CachedRoute {
+            route: r.clone(),
+            service: self.service(&r.service_id),
+            plugin_config: self.plugin_config(&r.plugin_config_id),
+            upstream_id,
+            spec: spec.clone(),
+            id: compiled.id.clone(),
+            upstream: compiled.upstream.clone(),
+            timeouts: compiled.timeouts,
+            plugins: compiled.plugins.clone(),
+            websocket: compiled.websocket,
+        };
+        self.next.routes.insert(compiled.id.clone(), Arc::new(c));
+    }
+}
+
+fn same_ptr<T>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,113 @@
+use std::sync::Arc;
+
+use serde_json::json;
+use sluice_model::Resources;
+use sluice_plugins::Shared;
+
+use crate::snapshot::Snapshot;
+
+fn res(v: serde_json::Value) -> Resources {
+    serde_json::from_value(v).expect("resources")
+}
+
+fn route(id: &str, uri: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut r = json!({"id": id, "uri": uri,
+        "plugins": {"proxy-rewrite": {"uri": "/rewritten"}},
+        "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1}}});
+    if let (Some(o), Some(e)) = (r.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            if v.is_null() {
+                o.remove(k);
+            } else {
+                o.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    r
+}
+
+fn base() -> serde_json::Value {
+    json!({
+        "routes": [
+            route("1", "/a", json!({})),
+            route("2", "/b", json!({})),
+            route("3", "/c", json!({"upstream": null, "service_id": "s1"})),
+            route("4", "/d", json!({"upstream": null, "upstream_id": "u1"})),
+        ],
+        "services": [{"id": "s1", "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1981": 1}}}],
+        "upstreams": [{"id": "u1", "type": "roundrobin", "nodes": {"127.0.0.1:1982": 1}}],
+        "consumers": [{"username": "jack", "plugins": {"key-auth": {"key": "k1"}}}]
+    })
+}
+
+fn chain(s: &Snapshot, id: &str) -> Arc<sluice_plugins::Chain> {
+    let r = s.routes.iter().find(|r| &*r.id == id).expect("route");
+    r.plugins.clone().expect("chain")
+}
+
+fn same(a: &Snapshot, b: &Snapshot, id: &str) -> bool {
+    Arc::ptr_eq(&chain(a, id), &chain(b, id))
+}
+
+#[test]
+fn unchanged_routes_keep_their_compile_and_changed_ones_recompile() {
+    let shared = Shared::default();
+    let v0 = base();
+    let s0 = Snapshot::compile_with(&res(v0.clone()), 1, &shared).expect("compile");
+
+    // Route 2 changes; 1, 3 and 4 are reused as they were.
+    let mut v1 = v0.clone();
+    v1["routes"][1] = route("2", "/b2", json!({}));
+    let s1 = Snapshot::compile_next(&res(v1.clone()), 2, &shared, Some(&s0)).expect("compile");
+    assert!(same(&s0, &s1, "1") && same(&s0, &s1, "3") && same(&s0, &s1, "4"));
+    assert!(!same(&s0, &s1, "2"));
+    // The inline upstream of a reused route is still registered for the health checker and the next compile.
+    assert!(s1.upstream_entries().any(|(k, _)| k == "r:1"));
+
+    // Deleting route 1 shifts every index; what remains keeps its compile and its order.
+    let mut v2 = v1.clone();
+    if let Some(a) = v2["routes"].as_array_mut() {
+        a.remove(0);
+    }
+    let s2 = Snapshot::compile_next(&res(v2.clone()), 3, &shared, Some(&s1)).expect("compile");
+    let ids: Vec<&str> = s2.routes.iter().map(|r| &*r.id).collect();
+    assert_eq!(ids, ["2", "3", "4"]);
+    assert!(same(&s1, &s2, "2") && same(&s1, &s2, "3"));
+
+    // A service change recompiles its routes only; an upstream change recompiles the routes that use it.
+    let mut v3 = v2.clone();
+    v3["services"][0]["upstream"]["nodes"] = json!({"127.0.0.1:1983": 1});
+    v3["upstreams"][0]["nodes"] = json!({"127.0.0.1:1984": 1});
+    let s3 = Snapshot::compile_next(&res(v3.clone()), 4, &shared, Some(&s2)).expect("compile");
+    assert!(same(&s2, &s3, "2"));
+    assert!(!same(&s2, &s3, "3") && !same(&s2, &s3, "4"));
+    let r4 = s3.routes.iter().find(|r| &*r.id == "4").expect("route 4");
+    assert_eq!(r4.upstream.nodes[0].addr.port(), 1984);
+
+    // Consumers are part of every chain's environment: any change there recompiles everything.
+    let mut v4 = v3.clone();
+    v4["consumers"][0]["plugins"]["key-auth"]["key"] = json!("k2");
+    let s4 = Snapshot::compile_next(&res(v4), 5, &shared, Some(&s3)).expect("compile");
+    assert!(!same(&s3, &s4, "2") && !same(&s3, &s4, "3"));
+}
+
+#[test]
+fn other_plugin_state_or_errors_never_reuse() {
+    let shared = Shared::default();
+    let v0 = base();
+    let s0 = Snapshot::compile_with(&res(v0.clone()), 1, &shared).expect("compile");
+    // Chains hold their plugin state: compiled under another `Shared`, nothing is taken from `s0`.
+    let other = Shared::default();
+    let s1 = Snapshot::compile_next(&res(v0.clone()), 2, &other, Some(&s0)).expect("compile");
+    assert!(!same(&s0, &s1, "1"));
+    // A reference that broke is reported even though the route itself did not change.
+    let mut v2 = v0;
+    v2["services"] = json!([]);
+    let e = Snapshot::compile_next(&res(v2), 3, &shared, Some(&s0))
+        .err()
+        .expect("missing service");
+    assert!(
+        e.contains("failed to fetch service info by service id [s1]"),
+        "{e}"
+    );
+}
