@@ -94,6 +94,8 @@ pub(crate) struct UpstreamRt {
     pub balancer: Balancer,
     pub nodes: Vec<NodeRt>,
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// For `https` active probes: the upstream's TLS settings (client certificate included) without ALPN h2.
+    pub probe_tls: Option<Arc<rustls::ClientConfig>>,
     pub pass_host: PassHost,
     pub hash_on: HashOn,
     /// `None`: as many as there are other nodes (APISIX's default).
@@ -107,6 +109,8 @@ pub(crate) struct UpstreamRt {
     pub active: Option<Arc<ActiveCheck>>,
     /// The configuration this was compiled from: an unchanged upstream keeps its runtime across reloads.
     source: Upstream,
+    /// The `ssls` entry `tls.client_cert_id` named: changing it changes the upstream too.
+    client_ssl: Option<sluice_model::Ssl>,
 }
 
 impl Snapshot {
@@ -162,12 +166,17 @@ impl Snapshot {
         prev: Option<&Snapshot>,
     ) -> Result<Snapshot, String> {
         let mut upstreams: AHashMap<Box<str>, Arc<UpstreamRt>> = AHashMap::new();
+        let ssls: tls::SslsById = res.ssls.iter().map(|s| (s.id.0.as_str(), s)).collect();
         let mut runtime = |key: String, u: &Upstream| -> Result<Arc<UpstreamRt>, String> {
             let old = prev.and_then(|p| p.upstreams.get(key.as_str()));
+            let client_ssl = match &u.tls {
+                Some(t) => tls::client_ssl(t, &ssls)?,
+                None => None,
+            };
             let rt = match old {
-                Some(o) if o.source == *u => o.clone(),
+                Some(o) if o.source == *u && o.client_ssl.as_ref() == client_ssl => o.clone(),
                 _ => {
-                    let rt = compile_upstream(u)?;
+                    let rt = compile_upstream(u, &ssls)?;
                     if let Some(o) = old {
                         rt.balancer.inherit_state(&o.balancer);
                     }
@@ -187,7 +196,8 @@ impl Snapshot {
             shared_ups.insert(id, rt);
         }
 
-        let env = CompileEnv::new(shared, &res.consumers, None);
+        let env = CompileEnv::new(shared, &res.consumers, None)
+            .with_groups_and_metadata(&res.consumer_groups, &res.plugin_metadata);
         let mut global_plugins = serde_json::Map::new();
         for g in &res.global_rules {
             global_plugins.extend(g.plugins.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -296,7 +306,7 @@ impl Snapshot {
     }
 }
 
-fn compile_upstream(u: &Upstream) -> Result<UpstreamRt, String> {
+fn compile_upstream(u: &Upstream, ssls: &tls::SslsById<'_>) -> Result<UpstreamRt, String> {
     let kind = match u.kind.as_str() {
         "roundrobin" => LbKind::RoundRobin,
         "chash" => LbKind::Chash,
@@ -380,22 +390,32 @@ fn compile_upstream(u: &Upstream) -> Result<UpstreamRt, String> {
         }
         (other, _) => return Err(format!("invalid hash_on {other:?}")),
     };
-    let tls_cfg = if https {
-        let cfg = tls::client_config(u.tls.as_ref())?;
-        Some(if h2 {
-            let mut c = (*cfg).clone();
-            c.alpn_protocols = vec![b"h2".to_vec()];
-            Arc::new(c)
-        } else {
-            cfg
-        })
-    } else {
-        None
-    };
     let kp = u.keepalive_pool;
     let checks = match &u.checks {
         Some(v) => health_check::parse(v)?,
         None => Checks::default(),
+    };
+    let https_probe = checks
+        .active
+        .as_ref()
+        .is_some_and(|a| a.kind == health_check::ProbeKind::Https);
+    let base_tls = if https || https_probe {
+        Some(tls::client_config(u.tls.as_ref(), ssls)?)
+    } else {
+        None
+    };
+    let tls_cfg = match &base_tls {
+        Some(cfg) if h2 => {
+            let mut c = (**cfg).clone();
+            c.alpn_protocols = vec![b"h2".to_vec()];
+            Some(Arc::new(c))
+        }
+        Some(cfg) if https => Some(cfg.clone()),
+        _ => None,
+    };
+    let client_ssl = match &u.tls {
+        Some(t) => tls::client_ssl(t, ssls)?.cloned(),
+        None => None,
     };
     let balancer = match checks.passive {
         Some(p) => Balancer::with_passive(kind, specs, p),
@@ -403,6 +423,8 @@ fn compile_upstream(u: &Upstream) -> Result<UpstreamRt, String> {
     };
     Ok(UpstreamRt {
         source: u.clone(),
+        client_ssl,
+        probe_tls: base_tls,
         active: checks.active.map(Arc::new),
         balancer,
         nodes,
