@@ -89,6 +89,9 @@ pub struct Ctx<'a> {
     pub real_ip: Option<std::net::IpAddr>,
     /// Held limit-conn slots: released when the request context is dropped, whatever way the request ends.
     pub(crate) held: Vec<crate::limit_conn::Held>,
+    /// How long the proxy waits before going on (limit-req, limit-conn, fault-injection `delay`): hooks are
+    /// synchronous, so they ask for the sleep and the proxy awaits it without blocking its thread.
+    pub(crate) delay: Duration,
 }
 
 impl<'a> Ctx<'a> {
@@ -104,7 +107,18 @@ impl<'a> Ctx<'a> {
             vars: Vec::new(),
             held: Vec::new(),
             real_ip: None,
+            delay: Duration::ZERO,
         }
+    }
+
+    /// Asks the proxy to wait `d` more before it goes on (APISIX's `ngx.sleep` in a request phase).
+    pub fn add_delay(&mut self, d: Duration) {
+        self.delay += d;
+    }
+
+    /// The wait plugins asked for so far, reset to zero: the proxy sleeps it before proxying or answering.
+    pub fn take_delay(&mut self) -> Duration {
+        std::mem::take(&mut self.delay)
     }
 
     /// The consumer's name, once an auth plugin has identified one.

@@ -1,7 +1,10 @@
 //! fault-injection (priority 11000, rewrite): `abort` answers with `http_status`, `body` (with `$var`s) and
 //! `headers` for `percentage` of requests (all when unset) whose `vars` (a list of lua-resty-expr rules, any
-//! may match) match. `delay` needs an asynchronous sleep the hook contract does not have: a configuration
-//! with `delay` is refused at compile time rather than silently not delayed.
+//! may match) match. `delay` waits `duration` seconds under its own `percentage` and `vars`, before the abort
+//! decision, as APISIX does; the proxy awaits the wait ([`Ctx::add_delay`]), so a delayed abort is answered
+//! after the delay.
+
+use std::time::Duration;
 
 use std::sync::Arc;
 
@@ -60,37 +63,86 @@ struct Abort {
 }
 
 #[derive(Deserialize)]
+struct DelayConf {
+    duration: f64,
+    percentage: Option<u32>,
+    #[serde(default)]
+    vars: Vec<Value>,
+}
+
+#[derive(Deserialize)]
 struct Conf {
     abort: Option<Abort>,
-    delay: Option<Value>,
+    delay: Option<DelayConf>,
 }
 
 fn check(v: &Value) -> Result<(), String> {
     let c: Conf = parse(&schema(), v)?;
-    if c.delay.is_some() {
-        return Err("delay is not supported yet (it needs an asynchronous sleep)".into());
+    let vars = c.abort.iter().flat_map(|a| &a.vars);
+    for rule in vars.chain(c.delay.iter().flat_map(|d| &d.vars)) {
+        Expr::compile(rule).map_err(|e| format!("invalid vars: {e}"))?;
     }
-    if let Some(a) = &c.abort {
-        for rule in &a.vars {
-            Expr::compile(rule).map_err(|e| format!("invalid vars: {e}"))?;
-        }
+    if let Some(d) = &c.delay {
+        Duration::try_from_secs_f64(d.duration).map_err(|e| format!("invalid duration: {e}"))?;
     }
     Ok(())
 }
 
-struct FaultInjection {
+/// When a fault applies: `percentage` of the requests whose `vars` (any rule) match.
+struct Sample {
+    percentage: Option<u32>,
+    vars: Vec<Expr>,
+}
+
+impl Sample {
+    fn compile(percentage: Option<u32>, vars: &[Value]) -> Result<Sample, String> {
+        Ok(Sample {
+            percentage,
+            vars: vars.iter().map(Expr::compile).collect::<Result<_, _>>()?,
+        })
+    }
+
+    fn hit(&self, ctx: &Ctx<'_>) -> bool {
+        if !self.vars.is_empty() && !self.vars.iter().any(|e| e.eval(ctx)) {
+            return false;
+        }
+        // APISIX: `random(1, 100) <= percentage`.
+        self.percentage
+            .is_none_or(|p| rand::random::<u32>() % 100 < p)
+    }
+}
+
+struct AbortRt {
     status: u16,
     body: Template,
     headers: Vec<(Bytes, Template)>,
-    percentage: Option<u32>,
-    vars: Vec<Expr>,
+    when: Sample,
+}
+
+struct FaultInjection {
+    delay: Option<(Duration, Sample)>,
+    abort: Option<AbortRt>,
 }
 
 fn compile(v: &Value, _env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     check(v)?;
     let c: Conf = parse(&schema(), v)?;
-    let a = c.abort.ok_or("abort is required")?;
-    Ok(Arc::new(FaultInjection {
+    let delay = match c.delay {
+        Some(d) => Some((
+            Duration::try_from_secs_f64(d.duration).map_err(|e| e.to_string())?,
+            Sample::compile(d.percentage, &d.vars)?,
+        )),
+        None => None,
+    };
+    let abort = match c.abort {
+        Some(a) => Some(compile_abort(a)?),
+        None => None,
+    };
+    Ok(Arc::new(FaultInjection { delay, abort }))
+}
+
+fn compile_abort(a: Abort) -> Result<AbortRt, String> {
+    Ok(AbortRt {
         status: a.http_status,
         body: Template::compile(&a.body),
         headers: a
@@ -101,9 +153,8 @@ fn compile(v: &Value, _env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> 
                 (Bytes::from(k.clone()), Template::compile(&v))
             })
             .collect(),
-        percentage: a.percentage,
-        vars: a.vars.iter().map(Expr::compile).collect::<Result<_, _>>()?,
-    }))
+        when: Sample::compile(a.percentage, &a.vars)?,
+    })
 }
 
 impl Plugin for FaultInjection {
@@ -117,17 +168,20 @@ impl Plugin for FaultInjection {
         PhaseMask::of(&[Phase::Rewrite])
     }
     fn rewrite(&self, ctx: &mut Ctx<'_>) -> Flow {
-        if !self.vars.is_empty() && !self.vars.iter().any(|e| e.eval(&*ctx)) {
-            return Flow::Continue;
-        }
-        if let Some(p) = self.percentage {
-            if rand::random::<u32>() % 100 >= p {
-                return Flow::Continue;
+        if let Some((d, when)) = &self.delay {
+            if when.hit(ctx) {
+                ctx.add_delay(*d);
             }
         }
-        let mut r = Response::status(self.status);
-        r.body = Bytes::from(self.body.resolve(ctx).0.into_owned());
-        for (n, t) in &self.headers {
+        let Some(a) = &self.abort else {
+            return Flow::Continue;
+        };
+        if !a.when.hit(ctx) {
+            return Flow::Continue;
+        }
+        let mut r = Response::status(a.status);
+        r.body = Bytes::from(a.body.resolve(ctx).0.into_owned());
+        for (n, t) in &a.headers {
             r.headers
                 .push((n.clone(), Bytes::from(t.resolve(ctx).0.into_owned())));
         }

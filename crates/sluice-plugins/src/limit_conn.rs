@@ -1,10 +1,13 @@
-//! limit-conn (priority 1003, access): at most `conn` + `burst` requests in flight per key. Requests between
-//! `conn` and `conn + burst` are admitted at once (APISIX delays them by `default_conn_delay`; the synchronous
-//! hook contract cannot sleep, see docs/plugins/limit-conn.md). The slot is released when the request context
-//! is dropped, which covers every way a request ends.
+//! limit-conn (priority 1003, access): at most `conn` + `burst` requests in flight per key. A request admitted as
+//! the n-th in flight with n > `conn` waits `unit_delay * floor((n - 1) / conn)` seconds (lua-resty-limit-conn),
+//! a sleep the proxy awaits through [`Ctx::add_delay`]. `unit_delay` starts at `default_conn_delay` and, unless
+//! `only_use_default_delay`, follows the requests' latency: each finished request sets it to the mean of itself
+//! and that request's latency, as `lim:leaving(key, latency)` does. The slot is released when the request
+//! context is dropped, which covers every way a request ends. Not here: the in-flight map (`counters.rs`).
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -54,23 +57,48 @@ struct Conf {
     #[serde(default = "crate::limit_count::code503")]
     rejected_code: u16,
     rejected_msg: Option<String>,
+    default_conn_delay: f64,
+    #[serde(default)]
+    only_use_default_delay: bool,
 }
 
 fn check(v: &Value) -> Result<(), String> {
     parse::<Conf>(&schema(), v).map(drop)
 }
 
-/// One occupied slot; dropping it frees the slot.
-pub(crate) struct Held(Arc<AtomicI64>);
+/// One occupied slot; dropping it frees the slot and, for an adaptive delay, feeds the request's latency back.
+pub(crate) struct Held {
+    slot: Arc<AtomicI64>,
+    adapt: Option<Adapt>,
+}
+
+struct Adapt {
+    /// The plugin's `unit_delay` in seconds, as `f64` bits.
+    unit: Arc<AtomicU64>,
+    start: Instant,
+    delay: Duration,
+}
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.slot.fetch_sub(1, Ordering::AcqRel);
+        if let Some(a) = &self.adapt {
+            // APISIX: `request_time - delay` (the upstream's time when proxied; the whole request here).
+            let latency = a.start.elapsed().saturating_sub(a.delay).as_secs_f64();
+            let unit = f64::from_bits(a.unit.load(Ordering::Relaxed));
+            // A racing update loses one sample, as concurrent `leaving` calls in an nginx worker would not.
+            a.unit
+                .store(((latency + unit) / 2.0).to_bits(), Ordering::Relaxed);
+        }
     }
 }
 
 struct LimitConn {
+    conn: i64,
     max: i64,
+    /// `unit_delay` in seconds as `f64` bits; fixed when `only_use_default_delay`.
+    unit: Arc<AtomicU64>,
+    adaptive: bool,
     key: LimitKey,
     scope: u64,
     rejected_code: u16,
@@ -81,7 +109,10 @@ struct LimitConn {
 fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     let c: Conf = parse(&schema(), v)?;
     Ok(Arc::new(LimitConn {
+        conn: c.conn,
         max: c.conn + c.burst,
+        unit: Arc::new(AtomicU64::new(c.default_conn_delay.to_bits())),
+        adaptive: !c.only_use_default_delay,
         key: LimitKey::compile(&c.key_type, &c.key)?,
         scope: key_hash(("limit-conn", v.to_string(), env.consumer_scope())),
         rejected_code: c.rejected_code,
@@ -105,12 +136,29 @@ impl Plugin for LimitConn {
         let (slot, n) = self
             .store
             .enter(key_hash((self.scope, ctx.route_id, &*key)));
-        let held = Held(slot);
         if n > self.max {
-            drop(held);
+            slot.fetch_sub(1, Ordering::AcqRel);
             return Flow::Respond(reject(self.rejected_code, self.rejected_msg.as_deref()));
         }
-        ctx.held.push(held);
+        let delay = if n > self.conn {
+            let unit = f64::from_bits(self.unit.load(Ordering::Relaxed));
+            let secs = unit * ((n - 1) / self.conn) as f64;
+            Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO)
+        } else {
+            Duration::ZERO
+        };
+        // APISIX sleeps only delays of at least 1 ms.
+        if delay >= Duration::from_millis(1) {
+            ctx.add_delay(delay);
+        }
+        ctx.held.push(Held {
+            slot,
+            adapt: self.adaptive.then(|| Adapt {
+                unit: self.unit.clone(),
+                start: Instant::now(),
+                delay,
+            }),
+        });
         Flow::Continue
     }
 }

@@ -1,7 +1,8 @@
 //! limit-req (priority 1001, access): a leaky bucket of `rate` requests per second with `burst` excess per key
 //! (lua-resty-limit-req's algorithm, [`crate::counters::BucketStore`]). Requests beyond `rate + burst` are
-//! rejected; requests within the burst are admitted at once: APISIX sleeps them (unless `nodelay`), which the
-//! synchronous hook contract cannot do (see docs/plugins/limit-req.md).
+//! rejected; a request within the burst is delayed by `excess / rate` seconds (unless `nodelay`), the sleep the
+//! proxy awaits through [`Ctx::add_delay`] without blocking its thread. Not here: the bucket arithmetic
+//! (`counters.rs`).
 
 use std::sync::Arc;
 
@@ -52,6 +53,8 @@ struct Conf {
     #[serde(default = "crate::limit_count::code503")]
     rejected_code: u16,
     rejected_msg: Option<String>,
+    #[serde(default)]
+    nodelay: bool,
 }
 
 fn check(v: &Value) -> Result<(), String> {
@@ -65,6 +68,7 @@ struct LimitReq {
     scope: u64,
     rejected_code: u16,
     rejected_msg: Option<String>,
+    nodelay: bool,
     store: Arc<BucketStore>,
 }
 
@@ -77,6 +81,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
         scope: key_hash(("limit-req", v.to_string(), env.consumer_scope())),
         rejected_code: c.rejected_code,
         rejected_msg: c.rejected_msg,
+        nodelay: c.nodelay,
         store: env.shared.buckets.clone(),
     }))
 }
@@ -95,7 +100,13 @@ impl Plugin for LimitReq {
         let key = self.key.resolve(ctx);
         let k = key_hash((self.scope, ctx.route_id, &*key));
         match self.store.incoming(k, self.rate, self.burst) {
-            Ok(_delay_ms) => Flow::Continue,
+            Ok(delay_ms) => {
+                // APISIX sleeps only delays of at least 1 ms.
+                if delay_ms >= 1 && !self.nodelay {
+                    ctx.add_delay(std::time::Duration::from_millis(delay_ms));
+                }
+                Flow::Continue
+            }
             Err(()) => Flow::Respond(reject(self.rejected_code, self.rejected_msg.as_deref())),
         }
     }

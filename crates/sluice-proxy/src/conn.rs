@@ -229,10 +229,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         };
         let req_start = Instant::now();
         if let Some(ctx) = pctx.as_mut() {
+            let mut answer = None;
             for chain in chains.iter().flatten() {
                 if let Flow::Respond(r) = chain.run_request(ctx) {
-                    return self.respond_plugin(&head, r, ctx, &chains, req_start).await;
+                    answer = Some(r);
+                    break;
                 }
+            }
+            // A delay a hook asked for (limit-req, limit-conn, fault-injection) is slept here, before proxying or
+            // before the plugin's own answer, as APISIX's `ngx.sleep` inside the phase would.
+            let delay = ctx.take_delay();
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            if let Some(r) = answer {
+                return self.respond_plugin(&head, r, ctx, &chains, req_start).await;
             }
         }
         let consumer = pctx.as_ref().and_then(|c| c.consumer.clone());

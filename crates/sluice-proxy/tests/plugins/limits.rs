@@ -195,7 +195,7 @@ fn limit_req_rejects_beyond_rate_plus_burst() {
     let gw = Gw::start(one(
         &o,
         json!({"limit-req": {"rate": 1, "burst": 1, "key": "remote_addr", "rejected_code": 429,
-                              "rejected_msg": "slow down"}}),
+                              "rejected_msg": "slow down", "nodelay": true}}),
     ));
     assert_eq!(gw.get("/hello", &[]).status, 200);
     assert_eq!(gw.get("/hello", &[]).status, 200, "within the burst");
