@@ -320,6 +320,23 @@ impl Chain {
         });
     }
 
+    /// Runs body_filter over one piece of the response body (see [`crate::filters::body_filters`]).
+    pub fn body_filter(&self, ctx: &mut Ctx<'_>, chunk: &mut crate::BodyChunk) {
+        let consumer = self.consumer_for(ctx);
+        let mask = consumer
+            .as_ref()
+            .map_or(self.mask, |c| self.mask.union(c.mask));
+        if !mask.has(Phase::BodyFilter) {
+            return;
+        }
+        merged(&self.slots, consumer.as_deref(), |s| {
+            if s.plugin.phases().has(Phase::BodyFilter) && s.applies(ctx) {
+                s.plugin.body_filter(ctx, chunk);
+            }
+            true
+        });
+    }
+
     pub fn log(&self, ctx: &Ctx<'_>, info: &LogInfo) {
         let consumer = self.consumer_for(ctx);
         let mask = consumer

@@ -54,11 +54,18 @@ pub struct RespEdits {
     pub set_headers: Vec<(Bytes, Bytes)>,
     /// Append these headers, keeping existing ones.
     pub add_headers: Vec<(Bytes, Bytes)>,
+    /// A new status code (response-rewrite `status_code`), sent with its standard reason phrase.
+    pub status: Option<u16>,
+    /// A plugin will change the body (see [`RespEdits::clear_header_as_body_modified`]): the proxy re-frames it.
+    pub body_modified: bool,
 }
 
 impl RespEdits {
     pub fn is_empty(&self) -> bool {
-        self.remove_headers.is_empty() && self.set_headers.is_empty() && self.add_headers.is_empty()
+        self.remove_headers.is_empty()
+            && self.set_headers.is_empty()
+            && self.add_headers.is_empty()
+            && self.status.is_none()
     }
     pub fn drops(&self, name: &[u8]) -> bool {
         self.remove_headers
@@ -89,6 +96,8 @@ pub struct Ctx<'a> {
     pub real_ip: Option<std::net::IpAddr>,
     /// Held limit-conn slots: released when the request context is dropped, whatever way the request ends.
     pub(crate) held: Vec<crate::limit_conn::Held>,
+    /// The response being filtered: its head, plugins' per-response state, gzip (see `filters.rs`).
+    pub(crate) out: crate::filters::RespState,
     /// How long the proxy waits before going on (limit-req, limit-conn, fault-injection `delay`): hooks are
     /// synchronous, so they ask for the sleep and the proxy awaits it without blocking its thread.
     pub(crate) delay: Duration,
@@ -106,6 +115,7 @@ impl<'a> Ctx<'a> {
             merged_by: 0,
             vars: Vec::new(),
             held: Vec::new(),
+            out: Default::default(),
             real_ip: None,
             delay: Duration::ZERO,
         }

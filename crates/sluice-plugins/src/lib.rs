@@ -15,6 +15,7 @@ pub mod consumers;
 mod counters;
 mod ctx;
 mod ctx_view;
+mod filters;
 pub mod registry;
 mod shared;
 mod util;
@@ -22,8 +23,10 @@ mod util;
 mod basic_auth;
 mod consumer_restriction;
 mod cors;
+mod echo;
 mod fault_injection;
 mod file_logger;
+mod gzip;
 pub mod hmac_auth;
 mod http_logger;
 mod ip_restriction;
@@ -46,6 +49,7 @@ mod ua_restriction;
 pub use chain::{Chain, CompileEnv, Shared};
 pub use ctx::{Ctx, Edits, LogInfo, RespEdits};
 pub use ctx_view::ReqView;
+pub use filters::{body_ended, body_filters, filters_body, header_filters, BodyChunk};
 pub use prometheus::serve_metrics;
 
 use bytes::Bytes;
@@ -138,5 +142,9 @@ pub trait Plugin: Send + Sync + 'static {
         Flow::Continue
     }
     fn header_filter(&self, _ctx: &mut Ctx<'_>, _status: u16) {}
+    /// APISIX's body_filter: called per piece of the response body and once with `eof` (see [`BodyChunk`]). A
+    /// plugin that changes the body calls `ctx.resp.clear_header_as_body_modified()` in its header_filter; one
+    /// that must see the whole body holds pieces in `ctx.body_state` and emits them at eof.
+    fn body_filter(&self, _ctx: &mut Ctx<'_>, _chunk: &mut BodyChunk) {}
     fn log(&self, _ctx: &Ctx<'_>, _info: &LogInfo) {}
 }

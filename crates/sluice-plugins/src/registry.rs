@@ -40,9 +40,11 @@ pub static REGISTRY: &[Entry] = &[
     crate::limit_conn::ENTRY,
     crate::limit_count::ENTRY,
     crate::limit_req::ENTRY,
+    crate::gzip::ENTRY,
     crate::redirect::ENTRY,
     crate::response_rewrite::ENTRY,
     crate::prometheus::ENTRY,
+    crate::echo::ENTRY,
     crate::http_logger::ENTRY,
     crate::file_logger::ENTRY,
 ];

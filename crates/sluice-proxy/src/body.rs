@@ -2,7 +2,8 @@
 //!
 //! Input framing (length, chunked, read-to-close) is decoded; output framing is written fresh (length bodies pass
 //! as they are, chunked is re-chunked, so malformed chunk framing can never leak through). Output is gathered in
-//! `out` and flushed before each read, so a small head plus a small body leave in one write.
+//! `out` and flushed before each read, so a small head plus a small body leave in one write. [`filtered`] is the
+//! separate path for responses plugins filter (body_filter, gzip); [`Copy`] stays the zero-copy one.
 
 use std::time::Duration;
 
@@ -196,4 +197,148 @@ async fn emit<W: AsyncWrite + Unpin>(
         out.put_slice(b"\r\n");
     }
     Ok(())
+}
+
+/// Where the next piece of a body being decoded comes from.
+enum Decode {
+    Length(u64),
+    Chunked(ChunkedDecoder),
+    Eof,
+    Done,
+}
+
+impl Decode {
+    fn new(input: BodyKind) -> Self {
+        match input {
+            BodyKind::Empty => Decode::Done,
+            BodyKind::Length(n) => Decode::Length(n),
+            BodyKind::Chunked => Decode::Chunked(ChunkedDecoder::new()),
+            BodyKind::Eof => Decode::Eof,
+        }
+    }
+
+    /// The next decoded piece of the body; `None` at its end. Before waiting for the source, `out` is flushed so
+    /// what a filter already produced reaches the client (streamed responses stay streamed).
+    async fn next<R, W>(
+        &mut self,
+        src: &mut R,
+        sbuf: &mut BytesMut,
+        dst: &mut W,
+        out: &mut BytesMut,
+        t: (Duration, Duration),
+    ) -> Result<Option<bytes::Bytes>, BodyError>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let (read_timeout, write_timeout) = t;
+        loop {
+            match self {
+                Decode::Done => return Ok(None),
+                Decode::Length(0) => {
+                    *self = Decode::Done;
+                    return Ok(None);
+                }
+                Decode::Length(left) if !sbuf.is_empty() => {
+                    let take = (*left).min(sbuf.len() as u64) as usize;
+                    *left -= take as u64;
+                    return Ok(Some(sbuf.split_to(take).freeze()));
+                }
+                Decode::Eof if !sbuf.is_empty() => return Ok(Some(sbuf.split().freeze())),
+                Decode::Chunked(dec) => match dec.decode(sbuf) {
+                    Ok(Some(Chunk::Data(d))) => return Ok(Some(d)),
+                    Ok(Some(Chunk::End { .. })) => {
+                        *self = Decode::Done;
+                        return Ok(None);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        return Err(BodyError::Source(
+                            format!("invalid chunked body: {e}"),
+                            false,
+                        ))
+                    }
+                },
+                Decode::Length(_) | Decode::Eof => {}
+            }
+            flush(dst, out, write_timeout).await?;
+            if fill(src, sbuf, read_timeout).await? == 0 {
+                return match self {
+                    Decode::Eof => {
+                        *self = Decode::Done;
+                        Ok(None)
+                    }
+                    Decode::Length(left) => Err(BodyError::Source(
+                        format!("closed with {left} body bytes missing"),
+                        false,
+                    )),
+                    _ => Err(BodyError::Source(
+                        "closed inside a chunked body".into(),
+                        false,
+                    )),
+                };
+            }
+        }
+    }
+}
+
+/// A response body passed through the plugins' body_filter phase: each decoded piece goes to `filter`, what it
+/// returns is written with the output framing (`chunked_out`, else as is), and a last call with `eof` lets
+/// filters flush what they held. Once a filter ends the body the rest of the input is left unread (it may be an
+/// endless stream): `complete` is then false and the source connection must not be reused.
+pub(crate) async fn filtered<R, W>(
+    input: BodyKind,
+    chunked_out: bool,
+    timeouts: (Duration, Duration),
+    out: &mut BytesMut,
+    io: (&mut R, &mut BytesMut, &mut W),
+    filter: &mut dyn FnMut(&mut sluice_plugins::BodyChunk),
+) -> Result<Filtered, BodyError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let (src, sbuf, dst) = io;
+    let write_timeout = timeouts.1;
+    let mut dec = Decode::new(input);
+    let mut done = Filtered {
+        read: 0,
+        written: 0,
+        complete: true,
+    };
+    loop {
+        let piece = dec.next(src, sbuf, dst, out, timeouts).await?;
+        if let Some(d) = &piece {
+            done.read += d.len() as u64;
+        }
+        let last = piece.is_none();
+        let mut chunk = sluice_plugins::BodyChunk {
+            data: piece.unwrap_or_default(),
+            eof: last,
+        };
+        filter(&mut chunk);
+        done.written += chunk.data.len() as u64;
+        emit(dst, out, &chunk.data, chunked_out, write_timeout).await?;
+        if last {
+            break;
+        }
+        if chunk.eof {
+            done.complete = matches!(dec, Decode::Done | Decode::Length(0));
+            break;
+        }
+    }
+    if chunked_out {
+        out.put_slice(LAST_CHUNK);
+    }
+    flush(dst, out, write_timeout).await?;
+    Ok(done)
+}
+
+/// What [`filtered`] carried.
+pub(crate) struct Filtered {
+    /// Body bytes read from the source and written to the client (after the filters).
+    pub read: u64,
+    pub written: u64,
+    /// The source body was read to its end (false when a filter ended it early).
+    pub complete: bool,
 }

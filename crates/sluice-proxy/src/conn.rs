@@ -353,8 +353,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         chains: &[Option<&Chain>; 2],
         started: Instant,
     ) -> Result<bool, Error> {
-        for chain in chains.iter().flatten() {
-            chain.header_filter(ctx, r.status);
+        // The plugins filter the answer like an upstream's: headers, then the whole body as one piece with eof.
+        ctx.set_own_headers(std::mem::take(&mut r.headers));
+        sluice_plugins::header_filters(chains, ctx, r.status);
+        r.status = ctx.resp.status.unwrap_or(r.status);
+        if sluice_plugins::filters_body(chains, ctx) {
+            let mut piece = sluice_plugins::BodyChunk {
+                data: std::mem::take(&mut r.body),
+                eof: true,
+            };
+            sluice_plugins::body_filters(chains, ctx, &mut piece);
+            r.body = piece.data;
         }
         let keep = head.keep_alive && head.body == BodyKind::Empty && !*self.shutdown.borrow();
         self.out.clear();
@@ -367,14 +376,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         self.out.put_slice(b"\r\nServer: sluice\r\nDate: ");
         self.out.put_slice(&sluice_http::date::now());
         self.out.put_slice(b"\r\n");
-        r.headers.retain(|(name, _)| !ctx.resp.drops(name));
-        for (name, value) in r
-            .headers
-            .iter()
-            .chain(&ctx.resp.set_headers)
-            .chain(&ctx.resp.add_headers)
-        {
-            forward::put_header(&mut self.out, name, value);
+        for (name, value) in ctx.response_headers() {
+            if !name.eq_ignore_ascii_case(b"content-length") {
+                forward::put_header(&mut self.out, name, value);
+            }
         }
         self.out.put_slice(b"Content-Length: ");
         self.out
@@ -574,35 +579,65 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
 
         // Response to the client.
-        let framing = forward::out_framing(&resp, head.version);
-        let keep = head.keep_alive && framing != OutFraming::Close && !*self.shutdown.borrow();
-        self.out.clear();
+        let mut framing = forward::out_framing(&resp, head.version);
         let upstream_latency = t_up.elapsed();
+        let (mut status, resp_body, resp_keep) = (resp.status, resp.body, resp.keep_alive);
+        // With plugins, the head moves into their context (header_filter, body_filter and log read it).
+        let mut own = Some(resp);
+        let mut filter_body = false;
         if let Some(ctx) = pctx.as_deref_mut() {
-            for chain in chains.iter().flatten() {
-                chain.header_filter(ctx, resp.status);
+            if let Some(r) = own.take() {
+                ctx.set_upstream_head(r);
+            }
+            sluice_plugins::header_filters(chains, ctx, status);
+            status = ctx.resp.status.unwrap_or(status);
+            filter_body = resp_body != BodyKind::Empty && sluice_plugins::filters_body(chains, ctx);
+            // A changed body has no known length: chunked for HTTP/1.1, delimited by close for HTTP/1.0.
+            if filter_body && ctx.resp.body_modified {
+                framing = match head.version {
+                    sluice_http::Version::Http11 => OutFraming::Chunked,
+                    sluice_http::Version::Http10 => OutFraming::Close,
+                };
             }
         }
+        let keep = head.keep_alive && framing != OutFraming::Close && !*self.shutdown.borrow();
+        self.out.clear();
         let resp_edits: Option<&RespEdits> = pctx.as_deref().map(|c| &c.resp);
-        forward::response_head(
-            &resp,
-            framing,
-            head.version,
-            keep,
-            resp_edits,
-            &mut self.out,
-        );
-        let head_len = self.out.len() as u64;
-        let copied = Copy {
-            input: resp.body,
-            chunked_out: framing == OutFraming::Chunked,
-            read_timeout: t.read,
-            write_timeout: self.w.shared.cfg.header_timeout,
-            max_bytes: 0,
-            out: &mut self.out,
+        if let Some(r) = own
+            .as_ref()
+            .or_else(|| pctx.as_deref().and_then(|c| c.upstream_head()))
+        {
+            forward::response_head(r, framing, head.version, keep, resp_edits, &mut self.out);
         }
-        .run(&mut c.conn, &mut self.ubuf, &mut self.io)
-        .await;
+        let head_len = self.out.len() as u64;
+        let mut complete = true;
+        let copied = match (filter_body, pctx.as_deref_mut()) {
+            (true, Some(ctx)) => crate::body::filtered(
+                resp_body,
+                framing == OutFraming::Chunked,
+                (t.read, self.w.shared.cfg.header_timeout),
+                &mut self.out,
+                (&mut c.conn, &mut self.ubuf, &mut self.io),
+                &mut |piece| sluice_plugins::body_filters(chains, ctx, piece),
+            )
+            .await
+            .map(|f| {
+                complete = f.complete;
+                f.written
+            }),
+            _ => {
+                Copy {
+                    input: resp_body,
+                    chunked_out: framing == OutFraming::Chunked,
+                    read_timeout: t.read,
+                    write_timeout: self.w.shared.cfg.header_timeout,
+                    max_bytes: 0,
+                    out: &mut self.out,
+                }
+                .run(&mut c.conn, &mut self.ubuf, &mut self.io)
+                .await
+            }
+        };
         let response_body = match copied {
             Ok(n) => n,
             Err(BodyError::SinkTimeout) => {
@@ -639,12 +674,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 ));
             }
         };
-        if resp.keep_alive && resp.body != BodyKind::Eof && self.ubuf.is_empty() {
+        if resp_keep && resp_body != BodyKind::Eof && self.ubuf.is_empty() && complete {
             self.w.pool.checkin(c, up.pool);
         }
         Ok(Done {
             keep,
-            status: resp.status,
+            status,
             request_body: if head.body == BodyKind::Empty {
                 0
             } else {

@@ -196,9 +196,19 @@ pub(crate) fn response_head(
     out.reserve(resp.buf.len() + 64);
     out.put_slice(b"HTTP/1.1 ");
     let mut code = itoa_buf();
-    out.put_slice(fmt_u16(resp.status, &mut code));
-    out.put_u8(b' ');
-    out.put_slice(resp.slice(resp.reason));
+    // A plugin's new status (response-rewrite `status_code`) goes out with its standard reason phrase.
+    match edits.and_then(|e| e.status) {
+        Some(s) => {
+            out.put_slice(fmt_u16(s, &mut code));
+            out.put_u8(b' ');
+            out.put_slice(sluice_http::status_reason(s).as_bytes());
+        }
+        None => {
+            out.put_slice(fmt_u16(resp.status, &mut code));
+            out.put_u8(b' ');
+            out.put_slice(resp.slice(resp.reason));
+        }
+    }
     out.put_slice(b"\r\n");
     let tokens = connection_tokens(&resp.buf, &resp.headers);
     for h in &resp.headers {

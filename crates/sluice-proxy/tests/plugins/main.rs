@@ -3,6 +3,7 @@
 //! documented behaviour (docs/en/latest/plugins/<name>.md, t/plugin/<name>.t).
 
 mod auth;
+mod body;
 mod delays;
 mod groups;
 mod jwt;
