@@ -611,7 +611,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
         let head_len = self.out.len() as u64;
         let mut complete = true;
-        let copied = match (filter_body, pctx.as_deref_mut()) {
+        let copied = match (filter_body, pctx) {
             (true, Some(ctx)) => crate::body::filtered(
                 resp_body,
                 framing == OutFraming::Chunked,
