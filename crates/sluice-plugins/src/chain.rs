@@ -234,6 +234,16 @@ impl Chain {
         self.slots.iter().map(|s| s.name)
     }
 
+    /// The upstreams a plugin of this chain may pick (traffic-split's), for the proxy's compile; at most one
+    /// plugin of a chain declares any, so the index a hook picks is an index into this list.
+    pub fn upstreams(&self) -> &[crate::PluginUpstream] {
+        self.slots
+            .iter()
+            .map(|s| s.plugin.upstreams())
+            .find(|u| !u.is_empty())
+            .unwrap_or(&[])
+    }
+
     fn has(&self, name: &str) -> bool {
         self.slots.iter().any(|s| s.name == name)
     }

@@ -101,6 +101,8 @@ pub struct Ctx<'a> {
     /// How long the proxy waits before going on (limit-req, limit-conn, fault-injection `delay`): hooks are
     /// synchronous, so they ask for the sleep and the proxy awaits it without blocking its thread.
     pub(crate) delay: Duration,
+    /// The upstream a plugin chose instead of the route's: an index into [`Chain::upstreams`] of the route's chain.
+    pub(crate) upstream: Option<u32>,
 }
 
 impl<'a> Ctx<'a> {
@@ -118,7 +120,18 @@ impl<'a> Ctx<'a> {
             out: Default::default(),
             real_ip: None,
             delay: Duration::ZERO,
+            upstream: None,
         }
+    }
+
+    /// Sends the request to the route chain's `i`-th plugin upstream (`None`: the route's own upstream).
+    pub fn pick_upstream(&mut self, i: Option<u32>) {
+        self.upstream = i;
+    }
+
+    /// The plugin upstream chosen for this request, if any.
+    pub fn picked_upstream(&self) -> Option<usize> {
+        self.upstream.map(|i| i as usize)
     }
 
     /// Asks the proxy to wait `d` more before it goes on (APISIX's `ngx.sleep` in a request phase).

@@ -44,6 +44,7 @@ mod referer_restriction;
 mod request_id;
 mod request_validation;
 mod response_rewrite;
+mod traffic_split;
 mod ua_restriction;
 
 pub use chain::{Chain, CompileEnv, Shared};
@@ -147,4 +148,18 @@ pub trait Plugin: Send + Sync + 'static {
     /// that must see the whole body holds pieces in `ctx.body_state` and emits them at eof.
     fn body_filter(&self, _ctx: &mut Ctx<'_>, _chunk: &mut BodyChunk) {}
     fn log(&self, _ctx: &Ctx<'_>, _info: &LogInfo) {}
+    /// Upstreams this plugin may send a request to instead of the route's (traffic-split). The proxy compiles
+    /// them with the route when the snapshot is built; a hook picks one per request with
+    /// [`Ctx::pick_upstream`], by index into this list.
+    fn upstreams(&self) -> &[PluginUpstream] {
+        &[]
+    }
+}
+
+/// An upstream a plugin declares (see [`Plugin::upstreams`]): a reference to an `upstreams` resource or an inline
+/// configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PluginUpstream {
+    Id(String),
+    Inline(Box<sluice_model::Upstream>),
 }

@@ -41,6 +41,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::limit_count::ENTRY,
     crate::limit_req::ENTRY,
     crate::gzip::ENTRY,
+    crate::traffic_split::ENTRY,
     crate::redirect::ENTRY,
     crate::response_rewrite::ENTRY,
     crate::prometheus::ENTRY,

@@ -209,7 +209,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 .await;
         };
         let route = &snap.routes[idx as usize];
-        let up: &UpstreamRt = &route.upstream;
         let max_body = self.w.shared.cfg.max_body;
         if let BodyKind::Length(n) = head.body {
             if max_body != 0 && n > max_body {
@@ -246,6 +245,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 return self.respond_plugin(&head, r, ctx, &chains, req_start).await;
             }
         }
+        // A plugin (traffic-split) may have picked another upstream: its sibling of this route.
+        let route = match pctx.as_ref().and_then(Ctx::picked_upstream) {
+            Some(i) => snap.splits.get(idx, i).unwrap_or(route),
+            None => route,
+        };
+        let up: &UpstreamRt = &route.upstream;
         let consumer = pctx.as_ref().and_then(|c| c.consumer.clone());
         let hash_key = hash_key(up, &view, consumer.as_deref().map(|c| c.username.as_str()));
         let host = view.host.as_deref();

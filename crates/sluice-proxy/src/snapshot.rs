@@ -20,6 +20,7 @@ use crate::tls;
 use crate::tls_server::SniTable;
 
 mod reuse;
+mod split;
 
 /// One published configuration. Immutable; replaced whole.
 pub struct Snapshot {
@@ -34,6 +35,8 @@ pub struct Snapshot {
     pub(crate) tls: SniTable,
     /// Compiled routes with their inputs, so the next compile recompiles only what changed.
     reuse: reuse::Reuse,
+    /// Upstreams plugins pick per request (traffic-split), by route index.
+    pub(crate) splits: split::Splits,
 }
 
 pub(crate) struct CompiledRoute {
@@ -124,6 +127,7 @@ impl Snapshot {
             upstreams: AHashMap::new(),
             tls: SniTable::default(),
             reuse: reuse::Reuse::default(),
+            splits: split::Splits::default(),
         }
     }
 
@@ -204,6 +208,9 @@ impl Snapshot {
         }
         let global =
             Chain::compile(&global_plugins, &env).map_err(|e| format!("global_rules: {e}"))?;
+        if global.as_ref().is_some_and(|g| !g.upstreams().is_empty()) {
+            return Err("global_rules: traffic-split is supported on routes only".into());
+        }
         let mut specs = Vec::with_capacity(res.routes.len());
         let mut routes = Vec::with_capacity(res.routes.len());
         let mut cache = reuse::Builder::new(prev.map(|p| &p.reuse), res, shared);
@@ -288,6 +295,7 @@ impl Snapshot {
             specs.push(spec);
             routes.push(compiled);
         }
+        let splits = split::compile(&routes, res, &shared_ups, &mut runtime)?;
         upstreams.extend(kept_inline);
         let router = Router::build(specs).map_err(|e| {
             let id = routes.get(e.index).map_or("?", |r| &r.id);
@@ -302,6 +310,7 @@ impl Snapshot {
             upstreams,
             tls,
             reuse: cache.next,
+            splits,
         })
     }
 }

@@ -14,6 +14,7 @@ mod redis;
 mod restrict;
 mod rewrite;
 mod scale;
+mod split;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
