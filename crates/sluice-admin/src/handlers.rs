@@ -345,10 +345,15 @@ pub(crate) async fn commit(
     req: &Req,
 ) -> Result<(), Reply> {
     let resources = candidate_resources(state, snap, &ops);
-    (state.checker)(&resources).map_err(|e| Reply::error(400, e))?;
+    let token = (state.checker)(&resources).map_err(|e| Reply::error(400, e))?;
+    let prepared = kv::Prepared {
+        base: snap.revision,
+        resources,
+        token,
+    };
     let rev = state
         .store
-        .commit_prepared(ops, snap.revision, resources)
+        .commit_prepared(ops, prepared)
         .await
         .map_err(store_error)?;
     if req.arg("wait") == Some("applied") {

@@ -32,8 +32,10 @@ pub trait PluginCatalog: Send + Sync {
     fn check(&self, name: &str, conf: &Value) -> Result<(), String>;
 }
 
-/// The data-plane compiler's dry run over a complete candidate configuration.
-pub type Checker = Arc<dyn Fn(&Resources) -> Result<(), String> + Send + Sync>;
+/// The data-plane compiler's dry run over a complete candidate configuration. `Ok(token)`: a non-zero token
+/// names the compile the checker kept; the store publishes it with the committed candidate
+/// ([`sluice_store::Versioned::token`]) so the data plane can publish that compile instead of compiling again.
+pub type Checker = Arc<dyn Fn(&Resources) -> Result<u64, String> + Send + Sync>;
 
 /// Everything the Admin API serves from.
 #[derive(Clone)]

@@ -87,7 +87,7 @@ async fn node(url: &str) -> (std::net::SocketAddr, Arc<EtcdStore>) {
     let state = AdminState::new(
         AdminConfig::default(),
         store.clone(),
-        Arc::new(|_: &sluice_model::Resources| Ok(())),
+        Arc::new(|_: &sluice_model::Resources| Ok(0)),
         Arc::new(NoPlugins),
         applied,
     );

@@ -104,7 +104,7 @@ async fn store_outage_answers_503() {
     let state = AdminState::new(
         config,
         flaky.clone(),
-        Arc::new(|_: &sluice_model::Resources| Ok(())),
+        Arc::new(|_: &sluice_model::Resources| Ok(0)),
         Arc::new(Catalog),
         applied_rx,
     );
@@ -172,7 +172,7 @@ async fn start_at(dir: PathBuf) -> Gw {
         {
             Err("data plane refuses /refused".into())
         } else {
-            Ok(())
+            Ok(0)
         }
     });
     let config = AdminConfig {

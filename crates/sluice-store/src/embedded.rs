@@ -8,11 +8,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use sluice_model::Resources;
 use tokio::sync::watch;
 
 use crate::kv::{
-    now, patch_resources, BoxFuture, Entry, Op, Revision, Snapshot, Store, StoreError,
+    now, patch_resources, BoxFuture, Entry, Op, Prepared, Revision, Snapshot, Store, StoreError,
 };
 use crate::{ConfigRx, ConfigTx, Versioned};
 
@@ -68,6 +67,7 @@ impl EmbeddedStore {
         let (tx, _) = watch::channel(Arc::new(Versioned {
             revision: snap.revision,
             resources: snap.to_resources(),
+            token: 0,
         }));
         Ok(EmbeddedStore {
             inner: Arc::new(Inner {
@@ -88,11 +88,7 @@ impl Inner {
         }
     }
 
-    fn commit_blocking(
-        &self,
-        ops: Vec<Op>,
-        prepared: Option<(u64, Resources)>,
-    ) -> Result<u64, StoreError> {
+    fn commit_blocking(&self, ops: Vec<Op>, prepared: Option<Prepared>) -> Result<u64, StoreError> {
         let _w = self.writer.lock().map_err(|_| io("writer lock poisoned"))?;
         let cur = self.current();
         cur.check_guards(&ops)?;
@@ -128,16 +124,17 @@ impl Inner {
         // Durability::Immediate (redb's default): fsynced when this returns.
         w.commit().map_err(io)?;
 
-        let resources = match prepared {
-            Some((base, r)) if base == cur.revision => r,
+        let (resources, token) = match prepared {
+            Some(p) if p.base == cur.revision => (p.resources, p.token),
             _ => {
                 // Only the touched keys are decoded again when the published view matches `cur`.
                 let published = self.tx.borrow().clone();
-                if published.revision == cur.revision {
+                let r = if published.revision == cur.revision {
                     patch_resources(&published.resources, &next, ops.iter().map(Op::key))
                 } else {
                     next.to_resources()
-                }
+                };
+                (r, 0)
             }
         };
         let next = Arc::new(next);
@@ -148,6 +145,7 @@ impl Inner {
         self.tx.send_replace(Arc::new(Versioned {
             revision,
             resources,
+            token,
         }));
         Ok(revision)
     }
@@ -189,12 +187,11 @@ impl Store for EmbeddedStore {
     fn commit_prepared(
         &self,
         ops: Vec<Op>,
-        base: u64,
-        prepared: Resources,
+        prepared: Prepared,
     ) -> BoxFuture<'_, Result<u64, StoreError>> {
         let inner = self.inner.clone();
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || inner.commit_blocking(ops, Some((base, prepared))))
+            tokio::task::spawn_blocking(move || inner.commit_blocking(ops, Some(prepared)))
                 .await
                 .map_err(io)?
         })

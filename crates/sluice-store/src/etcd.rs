@@ -142,6 +142,7 @@ impl Inner {
         self.tx.send_replace(Arc::new(Versioned {
             revision,
             resources,
+            token: 0,
         }));
         self.seen.send_replace(revision);
     }

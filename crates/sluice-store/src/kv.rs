@@ -127,15 +127,15 @@ pub trait Store: Send + Sync {
     /// already reflects the commit (read-your-writes on this node).
     fn commit(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<u64, StoreError>>;
     /// As [`Store::commit`], with the complete configuration the caller already derived from the snapshot at
-    /// `base` plus `ops` (the Admin API builds it for the data plane's dry run). A store may publish it instead of
-    /// deriving it again, which matters at thousands of resources; it must ignore it if its state moved on.
+    /// `prepared.base` plus `ops` (the Admin API builds it for the data plane's dry run). A store may publish it
+    /// (with its token) instead of deriving it again, which matters at thousands of resources; it must ignore it
+    /// if its state moved on.
     fn commit_prepared(
         &self,
         ops: Vec<Op>,
-        base: u64,
-        prepared: Resources,
+        prepared: Prepared,
     ) -> BoxFuture<'_, Result<u64, StoreError>> {
-        let _ = (base, prepared);
+        let _ = prepared;
         self.commit(ops)
     }
     /// Revisions after `after`, oldest first, at most `limit`.
@@ -147,6 +147,15 @@ pub trait Store: Send + Sync {
     fn healthy(&self) -> bool {
         true
     }
+}
+
+/// A complete candidate configuration derived from the snapshot at `base` plus a commit's ops.
+#[derive(Debug, Clone, Default)]
+pub struct Prepared {
+    pub base: u64,
+    pub resources: Resources,
+    /// The dry run's handle on its compile of `resources` (0: none); published as [`crate::Versioned::token`].
+    pub token: u64,
 }
 
 /// Unix time in seconds.

@@ -16,6 +16,9 @@ use sluice_model::{NodeConfig, Resources};
 pub struct Versioned {
     pub revision: u64,
     pub resources: Resources,
+    /// Non-zero: `resources` is exactly the candidate the Admin API prepared under this token (see
+    /// [`kv::Prepared`]), so whoever compiled that candidate for the dry run may publish that compile as is.
+    pub token: u64,
 }
 
 pub type ConfigRx = tokio::sync::watch::Receiver<Arc<Versioned>>;

@@ -41,6 +41,7 @@ pub fn load(path: &Path, check: &Checker) -> Result<Versioned, String> {
     Ok(Versioned {
         revision: 1,
         resources,
+        token: 0,
     })
 }
 
@@ -103,6 +104,7 @@ impl Watcher {
                         let _ = tx.send(Arc::new(Versioned {
                             revision,
                             resources,
+                            token: 0,
                         }));
                     }
                     // An incomplete file is being written: look again next tick without recording the stamp.

@@ -1,6 +1,7 @@
 //! The `sluice` command: `start` runs the gateway, `mock` a fast origin, `bench` the benchmark suite.
 //! Each subcommand lives in its own crate or module; this file only parses arguments and dispatches.
 
+mod apply;
 mod catalog;
 mod start;
 

@@ -15,6 +15,7 @@ use sluice_model::{NodeConfig, Resources};
 use sluice_proxy::{Gateway, Listeners, ProxyConfig, Snapshot};
 use sluice_store::{kv, standalone, ConfigRx};
 
+use crate::apply::Applier;
 use crate::catalog::RegistryCatalog;
 
 pub fn run(
@@ -36,7 +37,9 @@ pub fn run(
     control.block_on(async move {
         // Plugin state (limit counters, metrics) lives as long as the process, across every reload.
         let plugin_state = Arc::new(sluice_plugins::Shared::default());
-        let check: sluice_admin::Checker =
+        // Standalone files and the first-start seed are checked with throwaway plugin state; Admin API writes
+        // are dry-run by the applier (below), which keeps the compile for the apply.
+        let check: standalone::Checker =
             Arc::new(|r: &Resources| Snapshot::compile(r, 0).map(|_| ()));
 
         let provider = sluice_store::provider_name(&node).to_owned();
@@ -67,6 +70,7 @@ pub fn run(
             .start(listeners)
             .map_err(|e| format!("starting workers: {e}"))?;
         let (applied_tx, applied_rx) = tokio::sync::watch::channel(initial.revision);
+        let applier = Applier::new(plugin_state.clone(), gateway.clone());
         // Active health checks (`checks.active`) probe from this runtime, never from a worker; they stop at shutdown.
         tokio::spawn(gateway.run_health_checks());
         if let Some(addr) = metrics_addr(&node)? {
@@ -86,10 +90,12 @@ pub fn run(
                 .await
                 .map_err(|e| format!("binding the Admin API on {}: {e}", admin.listen))?;
             tracing::info!(listen = %admin.listen, "admin API listening");
+            let dry_run = applier.clone();
+            let checker: sluice_admin::Checker = Arc::new(move |r: &Resources| dry_run.dry_run(r));
             let state = sluice_admin::AdminState::new(
                 admin,
                 store,
-                check.clone(),
+                checker,
                 Arc::new(RegistryCatalog),
                 applied_rx,
             );
@@ -104,25 +110,7 @@ pub fn run(
             "sluice started"
         );
 
-        let gw = gateway.clone();
-        let state = plugin_state.clone();
-        tokio::spawn(async move {
-            while rx.changed().await.is_ok() {
-                let v = rx.borrow_and_update().clone();
-                let prev = gw.snapshot();
-                match Snapshot::compile_next(&v.resources, v.revision, &state, Some(&prev)) {
-                    Ok(s) => {
-                        let routes = s.route_count();
-                        gw.publish(s);
-                        applied_tx.send_replace(v.revision);
-                        tracing::info!(revision = v.revision, routes, "configuration applied");
-                    }
-                    Err(e) => {
-                        tracing::error!(revision = v.revision, error = %e, "configuration rejected")
-                    }
-                }
-            }
-        });
+        tokio::spawn(applier.run(rx, applied_tx));
         wait_for_signal().await;
         tracing::info!("shutting down: draining connections");
         gateway.shutdown();
@@ -166,7 +154,7 @@ fn metrics_addr(node: &NodeConfig) -> Result<Option<SocketAddr>, String> {
 async fn seed_if_empty(
     store: &dyn kv::Store,
     path: &Path,
-    check: &sluice_admin::Checker,
+    check: &standalone::Checker,
 ) -> Result<(), String> {
     if !store.snapshot().entries.is_empty() || !path.exists() {
         return Ok(());

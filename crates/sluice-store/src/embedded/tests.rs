@@ -136,3 +136,33 @@ fn kill_9_loses_no_acknowledged_write() {
     assert_eq!(snap.revision as usize, a);
     std::fs::remove_dir_all(path.parent().unwrap()).ok();
 }
+
+#[tokio::test]
+async fn prepared_candidate_is_published_with_its_token_only_on_its_base() {
+    let path = tmp("prepared");
+    let s = EmbeddedStore::open(&path).unwrap();
+    let rx = s.subscribe();
+    let ops = vec![put("routes/1", json!({"uri": "/a", "plugins": {}}))];
+    let mut candidate = s.snapshot().as_ref().clone();
+    candidate.apply(&ops, 1);
+    let prepared = Prepared {
+        base: 0,
+        resources: candidate.to_resources(),
+        token: 7,
+    };
+    assert_eq!(s.commit_prepared(ops, prepared).await.unwrap(), 1);
+    assert_eq!(rx.borrow().token, 7);
+    assert_eq!(rx.borrow().resources.routes.len(), 1);
+
+    // Prepared against revision 0 but the store is at 1: ignored, derived again, no token.
+    let ops = vec![put("routes/2", json!({"uri": "/b", "plugins": {}}))];
+    let stale = Prepared {
+        base: 0,
+        resources: sluice_model::Resources::default(),
+        token: 8,
+    };
+    assert_eq!(s.commit_prepared(ops, stale).await.unwrap(), 2);
+    assert_eq!(rx.borrow().token, 0);
+    assert_eq!(rx.borrow().resources.routes.len(), 2);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
