@@ -91,3 +91,64 @@ impl Applier {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_proxy::ProxyConfig;
+
+    fn resources(uri: &str) -> Resources {
+        serde_json::from_value(serde_json::json!({"routes": [{"id": "1", "uri": uri,
+            "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1}}}]}))
+        .expect("resources")
+    }
+
+    fn versioned(revision: u64, resources: Resources, token: u64) -> Versioned {
+        Versioned {
+            revision,
+            resources,
+            token,
+        }
+    }
+
+    #[test]
+    fn kept_dry_run_is_published_once_and_only_for_its_token() {
+        let gw = Gateway::new(ProxyConfig::default(), Snapshot::empty());
+        let a = Applier::new(Arc::new(Shared::default()), gw);
+        let t1 = a.dry_run(&resources("/a")).expect("dry run");
+        let t2 = a.dry_run(&resources("/b")).expect("dry run");
+        assert!(t2 > t1 && t1 > 0);
+        // An older token finds nothing kept (only the newest dry run is) and compiles; the newer one survives.
+        let (s, kept) = a
+            .next_snapshot(&versioned(3, resources("/a"), t1))
+            .expect("compile");
+        assert!(!kept);
+        assert_eq!((s.revision, s.route_count()), (3, 1));
+        let (s, kept) = a
+            .next_snapshot(&versioned(4, resources("/b"), t2))
+            .expect("kept");
+        assert!(kept);
+        assert_eq!(s.revision, 4);
+        // Taken: the same token again compiles; so does a value without a token.
+        assert!(
+            !a.next_snapshot(&versioned(4, resources("/b"), t2))
+                .expect("compile")
+                .1
+        );
+        assert!(
+            !a.next_snapshot(&versioned(5, resources("/c"), 0))
+                .expect("compile")
+                .1
+        );
+        // A dry run that fails keeps nothing and reports the data plane's reason.
+        let bad: Resources =
+            serde_json::from_value(serde_json::json!({"routes": [{"id": "9", "uri": "/x",
+            "upstream_id": "missing"}]}))
+            .expect("resources");
+        let e = a.dry_run(&bad).expect_err("missing upstream");
+        assert!(
+            e.contains("failed to fetch upstream info by upstream id [missing]"),
+            "{e}"
+        );
+    }
+}
