@@ -44,6 +44,7 @@ fn main() {
         latency: Duration::from_micros(250),
         upstream_latency: Some(Duration::from_micros(200)),
         upstream_addr: Some("127.0.0.1:8080".parse().unwrap()),
+        upstream_status: Some(200),
     };
     let run = |n: u32| {
         let t0 = Instant::now();

@@ -145,6 +145,8 @@ pub struct Chain {
     slots: Vec<Slot>,
     mask: PhaseMask,
     id: u64,
+    /// A logger's `include_resp_body` (+ `_expr`): the response body is kept for the log phase.
+    pub(crate) capture: Option<crate::filters::Capture>,
 }
 
 static CHAIN_IDS: AtomicU64 = AtomicU64::new(1);
@@ -166,6 +168,7 @@ impl Chain {
         skip_auth: bool,
     ) -> Result<Option<Arc<Chain>>, String> {
         let mut slots: Vec<Slot> = Vec::with_capacity(plugins.len());
+        let mut capture = None;
         for (name, conf) in plugins {
             let entry: &Entry =
                 registry::find(name).ok_or_else(|| format!("unknown plugin [{name}]"))?;
@@ -203,6 +206,10 @@ impl Chain {
                 Some(v) => Some(Bytes::from(v.to_string())),
             };
             let plugin = (entry.compile)(&bare, env).map_err(|e| format!("plugin {name}: {e}"))?;
+            if capture.is_none() {
+                capture = crate::filters::Capture::of(&bare)
+                    .map_err(|e| format!("plugin {name}: {e}"))?;
+            }
             slots.push(Slot {
                 plugin,
                 name: entry.name,
@@ -216,13 +223,18 @@ impl Chain {
         }
         // Higher priority runs first, as in APISIX; a stable sort keeps ties in configuration order.
         slots.sort_by_key(|s| std::cmp::Reverse(s.priority));
-        let mask = slots
+        let mut mask = slots
             .iter()
             .fold(PhaseMask::default(), |m, s| m.union(s.plugin.phases()));
+        if capture.is_some() {
+            // The body passes the filters (unchanged) so the log phase can have it.
+            mask = mask.union(PhaseMask::of(&[Phase::BodyFilter]));
+        }
         Ok(Some(Arc::new(Chain {
             slots,
             mask,
             id: CHAIN_IDS.fetch_add(1, Ordering::Relaxed),
+            capture,
         })))
     }
 

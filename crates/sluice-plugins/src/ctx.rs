@@ -197,6 +197,9 @@ pub struct LogInfo {
     /// Time the upstream took (connect through response head), when one was contacted.
     pub upstream_latency: Option<Duration>,
     pub upstream_addr: Option<SocketAddr>,
+    /// The upstream's own status (before a plugin's `status_code`), when one answered. The response headers and
+    /// a captured body are on the context: `Ctx::response_headers`, `Ctx::response_body`.
+    pub upstream_status: Option<u16>,
 }
 
 /// Lets `_meta.filter` expressions see the context's variables (`consumer_name`, ...), not only the request's.

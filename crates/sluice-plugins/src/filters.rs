@@ -48,6 +48,39 @@ pub(crate) struct RespState {
     encoder: Option<Encoder>,
     /// A body filter set `eof`: nothing more is emitted.
     ended: bool,
+    /// The body as sent (before gzip), kept for loggers' `include_resp_body`.
+    captured: Option<bytes::BytesMut>,
+}
+
+/// Bodies larger than this are truncated in log entries (APISIX logs what it collected; an unbounded body would
+/// hold an unbounded buffer per request).
+pub const CAPTURE_LIMIT: usize = 1 << 20;
+
+/// A logger's `include_resp_body: true` with its optional `include_resp_body_expr` (lua-resty-expr over the
+/// request's variables and `status`), compiled with the chain.
+pub(crate) struct Capture {
+    expr: Option<sluice_router::expr::Expr>,
+}
+
+impl Capture {
+    /// `Some` when a plugin configuration asks for the response body in its log entries.
+    pub(crate) fn of(conf: &serde_json::Value) -> Result<Option<Capture>, String> {
+        if conf
+            .get("include_resp_body")
+            .and_then(serde_json::Value::as_bool)
+            != Some(true)
+        {
+            return Ok(None);
+        }
+        let expr = match conf.get("include_resp_body_expr") {
+            None => None,
+            Some(e) => Some(
+                sluice_router::expr::Expr::compile(e)
+                    .map_err(|e| format!("invalid include_resp_body_expr: {e}"))?,
+            ),
+        };
+        Ok(Some(Capture { expr }))
+    }
 }
 
 impl RespEdits {
@@ -190,6 +223,12 @@ impl Ctx<'_> {
         }
     }
 
+    /// The response body as sent (before gzip, up to [`CAPTURE_LIMIT`] bytes), when a logger of the route asked
+    /// for it with `include_resp_body` (and its `include_resp_body_expr` matched). For the log phase.
+    pub fn response_body(&self) -> Option<&[u8]> {
+        self.out.captured.as_deref()
+    }
+
     /// Asks for gzip on this response (the gzip plugin's header_filter); decided after every header_filter.
     pub(crate) fn request_gzip(&mut self, conf: Arc<GzipConf>) {
         self.out.gzip = Some(conf);
@@ -200,6 +239,20 @@ impl Ctx<'_> {
 pub fn header_filters(chains: &[Option<&Chain>], ctx: &mut Ctx<'_>, status: u16) {
     for chain in chains.iter().flatten() {
         chain.header_filter(ctx, status);
+    }
+    for cap in chains.iter().flatten().filter_map(|c| c.capture.as_ref()) {
+        let wanted = match &cap.expr {
+            None => true,
+            Some(e) => {
+                let final_status = ctx.resp.status.unwrap_or(status);
+                ctx.set_var("status", final_status.to_string());
+                e.eval(&*ctx)
+            }
+        };
+        if wanted {
+            ctx.out.captured = Some(bytes::BytesMut::new());
+            break;
+        }
     }
     if let Some(conf) = ctx.out.gzip.take() {
         let status = ctx.resp.status.unwrap_or(status);
@@ -236,6 +289,10 @@ pub fn body_filters(chains: &[Option<&Chain>], ctx: &mut Ctx<'_>, chunk: &mut Bo
     }
     if chunk.eof {
         ctx.out.ended = true;
+    }
+    if let Some(buf) = ctx.out.captured.as_mut() {
+        let room = CAPTURE_LIMIT.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk.data[..room.min(chunk.data.len())]);
     }
     if let Some(enc) = ctx.out.encoder.as_mut() {
         enc.filter(chunk);

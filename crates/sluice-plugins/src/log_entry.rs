@@ -1,6 +1,6 @@
 //! The log entry the loggers send: APISIX's default full format (request, response, upstream, latencies, route,
 //! consumer, client) or a custom `log_format` of `$var` templates. Built in the log phase, after the response
-//! was sent; the response's own headers are not known to the log phase and are left out.
+//! was sent; the response part carries the headers as sent and, with `include_resp_body`, the body.
 
 use serde_json::{json, Map, Value};
 
@@ -79,7 +79,7 @@ pub(crate) fn entry(ctx: &Ctx<'_>, info: &LogInfo, format: Option<&Format>) -> V
             "querystring": query,
             "size": info.request_bytes,
         },
-        "response": {"status": info.status, "size": info.response_bytes},
+        "response": response_part(ctx, info),
         "server": {"hostname": std::env::var("HOSTNAME").unwrap_or_default(), "version": env!("CARGO_PKG_VERSION")},
         "client_ip": ctx.remote_ip().to_string(),
         "start_time": now_ms().saturating_sub(info.latency.as_millis() as u64),
@@ -96,4 +96,26 @@ pub(crate) fn entry(ctx: &Ctx<'_>, info: &LogInfo, format: Option<&Format>) -> V
         e["consumer"] = json!({"username": c});
     }
     e
+}
+
+/// APISIX's `response` object: status, headers as sent (lower-case names, repeated ones joined as a list), size,
+/// and `body` when a logger's `include_resp_body` (and its `include_resp_body_expr`) asked the runtime to keep it.
+fn response_part(ctx: &Ctx<'_>, info: &LogInfo) -> Value {
+    let mut headers = Map::new();
+    for (n, v) in ctx.response_headers() {
+        let name = String::from_utf8_lossy(n).to_ascii_lowercase();
+        let v = json!(String::from_utf8_lossy(v));
+        match headers.get_mut(&name) {
+            Some(Value::Array(list)) => list.push(v),
+            Some(first) => *first = json!([first.take(), v]),
+            None => {
+                headers.insert(name, v);
+            }
+        }
+    }
+    let mut r = json!({"status": info.status, "headers": headers, "size": info.response_bytes});
+    if let Some(body) = ctx.response_body() {
+        r["body"] = json!(String::from_utf8_lossy(body));
+    }
+    r
 }

@@ -297,6 +297,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                             latency: req_start.elapsed(),
                             upstream_latency: Some(done.upstream_latency),
                             upstream_addr: Some(up.nodes[node_idx].addr),
+                            upstream_status: ctx.upstream_head().map(|h| h.status),
                         };
                         for chain in chains.iter().flatten() {
                             chain.log(ctx, &info);
@@ -408,6 +409,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             latency: started.elapsed(),
             upstream_latency: None,
             upstream_addr: None,
+            upstream_status: None,
         };
         for chain in chains.iter().flatten() {
             chain.log(ctx, &info);

@@ -678,3 +678,73 @@ fn h2_client_gets_the_filtered_body() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text, "h2:hello world\n\n2", "{out:?}");
 }
+
+/// Log lines of a file-logger, polled until `n` are there (bounded).
+fn log_lines(path: &std::path::Path, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let lines: Vec<Value> = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        if lines.len() >= n || Instant::now() > deadline {
+            return lines;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// APISIX's log entry: `response.headers` as sent, and `response.body` with `include_resp_body` (the body the
+/// client got before gzip), filtered by `include_resp_body_expr`.
+#[test]
+fn loggers_see_response_headers_and_body() {
+    let o = BodyOrigin::start();
+    let path = std::env::temp_dir().join(format!("sluice-body-log-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let gw = one(
+        &o,
+        json!({"file-logger": {"path": path.to_str().unwrap(), "include_resp_body": true},
+            "gzip": {"types": "*", "min_length": 1},
+            "response-rewrite": {"headers": {"set": {"X-Rw": "1"}}}}),
+    );
+    let r = get(&gw, "/hello", &[GZ]);
+    assert_eq!(r.gunzip(), "hello world\n");
+    let lines = log_lines(&path, 1);
+    assert_eq!(lines.len(), 1);
+    let resp = &lines[0]["response"];
+    assert_eq!(resp["status"], 200);
+    assert_eq!(resp["body"], "hello world\n");
+    assert_eq!(resp["headers"]["x-up"], "1");
+    assert_eq!(resp["headers"]["x-rw"], "1");
+    assert_eq!(resp["headers"]["content-encoding"], "gzip");
+    assert_eq!(resp["headers"]["content-type"], "text/plain");
+    drop(gw);
+    let _ = std::fs::remove_file(&path);
+    let gw = one(
+        &o,
+        json!({"file-logger": {"path": path.to_str().unwrap(), "include_resp_body": true,
+            "include_resp_body_expr": [["status", "==", 404]]}}),
+    );
+    assert_eq!(get(&gw, "/hello", &[]).status, 200);
+    assert_eq!(get(&gw, "/missing", &[]).status, 404);
+    let mut lines = log_lines(&path, 2);
+    assert_eq!(lines.len(), 2);
+    lines.sort_by_key(|l| l["response"]["status"].as_u64());
+    assert_eq!(
+        lines[0]["response"]["body"],
+        Value::Null,
+        "200: expr does not match"
+    );
+    assert_eq!(lines[1]["response"]["body"], page().as_str());
+    // Without include_resp_body the route keeps its zero-copy path and logs no body.
+    drop(gw);
+    let _ = std::fs::remove_file(&path);
+    let gw = one(&o, json!({"file-logger": {"path": path.to_str().unwrap()}}));
+    let r = get(&gw, "/hello", &[]);
+    assert_eq!(r.framing, "length");
+    let lines = log_lines(&path, 1);
+    assert_eq!(lines[0]["response"]["body"], Value::Null);
+    assert_eq!(lines[0]["response"]["headers"]["x-up"], "1");
+    let _ = std::fs::remove_file(&path);
+}
