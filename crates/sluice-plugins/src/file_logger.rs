@@ -104,7 +104,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     let c: Conf = parse(&schema(), v)?;
     Ok(Arc::new(FileLogger {
         tx: env.shared.writers.sender(&c.path)?,
-        format: Format::compile(c.log_format.as_ref())?,
+        format: Format::resolve(c.log_format.as_ref(), env, NAME)?,
         writers: env.shared.writers.clone(),
     }))
 }

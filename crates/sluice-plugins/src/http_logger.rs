@@ -246,7 +246,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     split_uri(&c.uri)?;
     Ok(Arc::new(HttpLogger {
         tx: env.shared.batches.sender(v.to_string(), &c)?,
-        format: Format::compile(c.log_format.as_ref())?,
+        format: Format::resolve(c.log_format.as_ref(), env, NAME)?,
     }))
 }
 

@@ -1,14 +1,22 @@
 //! The log entry the loggers send: APISIX's default full format (request, response, upstream, latencies, route,
-//! consumer, client) or a custom `log_format` of `$var` templates. Built in the log phase, after the response
-//! was sent; the response part carries the headers as sent and, with `include_resp_body`, the body.
+//! service, consumer, client) or a custom `log_format` (the plugin's own, else the `log_format` of its
+//! plugin_metadata, as APISIX's `log-util.get_log_entry`). A custom value starting with `$` is that variable
+//! (absent when unset), any other value is a literal; `route_id` and `service_id` are added, as APISIX does.
+//! Built in the log phase, after the response was sent; the response part carries the headers as sent and, with
+//! `include_resp_body`, the body (`response_part`); request bodies are left out (`include_req_body`).
 
 use serde_json::{json, Map, Value};
+use sluice_router::Var;
 
-use crate::util::Template;
-use crate::{Ctx, LogInfo};
+use crate::{CompileEnv, Ctx, LogInfo};
 
-/// A compiled `log_format`: output field -> template.
-pub(crate) struct Format(Vec<(String, Template)>);
+enum Field {
+    Var(Var),
+    Lit(Value),
+}
+
+/// A compiled `log_format`: output field -> variable or literal.
+pub(crate) struct Format(Vec<(String, Field)>);
 
 impl Format {
     pub(crate) fn compile(v: Option<&Value>) -> Result<Option<Format>, String> {
@@ -19,9 +27,30 @@ impl Format {
             let t = t
                 .as_str()
                 .ok_or_else(|| format!("log_format.{k} must be a string"))?;
-            out.push((k.clone(), Template::compile(t)));
+            let f = match t.strip_prefix('$') {
+                Some(name) => Field::Var(Var::parse(name)),
+                None => Field::Lit(json!(t)),
+            };
+            out.push((k.clone(), f));
         }
         Ok(Some(Format(out)))
+    }
+
+    /// A logger's format: its own `log_format`, else a non-empty `log_format` in the plugin's plugin_metadata,
+    /// else none (the full entry).
+    pub(crate) fn resolve(
+        own: Option<&Value>,
+        env: &CompileEnv<'_>,
+        plugin: &str,
+    ) -> Result<Option<Format>, String> {
+        if own.is_some() {
+            return Format::compile(own);
+        }
+        let meta = env
+            .metadata(plugin)
+            .and_then(|m| m.get("log_format"))
+            .filter(|f| f.as_object().is_some_and(|o| !o.is_empty()));
+        Format::compile(meta).map_err(|e| format!("plugin_metadata {plugin}: {e}"))
     }
 }
 
@@ -34,18 +63,21 @@ fn now_ms() -> u64 {
 pub(crate) fn entry(ctx: &Ctx<'_>, info: &LogInfo, format: Option<&Format>) -> Value {
     if let Some(Format(fields)) = format {
         let mut m = Map::new();
-        m.insert("client_ip".into(), json!(ctx.remote_ip().to_string()));
+        for (k, f) in fields {
+            match f {
+                Field::Lit(v) => {
+                    m.insert(k.clone(), v.clone());
+                }
+                Field::Var(var) => {
+                    if let Some(v) = ctx.var(var) {
+                        m.insert(k.clone(), json!(v));
+                    }
+                }
+            }
+        }
         m.insert("route_id".into(), json!(ctx.route_id));
-        for (k, t) in fields {
-            let (v, n) = t.resolve(ctx);
-            m.insert(
-                k.clone(),
-                if n == 0 && v.is_empty() {
-                    Value::Null
-                } else {
-                    json!(v)
-                },
-            );
+        if let Some(s) = ctx.service_id() {
+            m.insert("service_id".into(), json!(s));
         }
         return Value::Object(m);
     }
@@ -87,7 +119,7 @@ pub(crate) fn entry(ctx: &Ctx<'_>, info: &LogInfo, format: Option<&Format>) -> V
         "upstream_latency": upstream.map_or(-1.0, |u| u),
         "apisix_latency": latency - upstream.unwrap_or(0.0),
         "route_id": ctx.route_id,
-        "service_id": "",
+        "service_id": ctx.service_id().unwrap_or(""),
     });
     if let Some(u) = info.upstream_addr {
         e["upstream"] = json!(u.to_string());

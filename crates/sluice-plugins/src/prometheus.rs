@@ -4,8 +4,9 @@
 //! Per request: one probe in a thread-local cache of series handles, then relaxed atomic adds on that series
 //! (status count, three latency histograms, two byte counters). The registry's lock is only taken when a thread
 //! meets a label set for the first time. Cardinality is bounded: past [`MAX_SERIES`] label sets, new ones fold
-//! into one overflow series per status code. Labels that Sluice cannot know per request (`service`,
-//! `matched_uri`, `matched_host`) are exported empty.
+//! into one overflow series per status code. `service`, `matched_uri` and `matched_host` come from the route's
+//! compiled [`crate::RouteMeta`] (its configured patterns, so cardinality is bounded by configuration);
+//! `prefer_name` labels routes and services by name when they have one.
 
 mod export;
 
@@ -51,7 +52,10 @@ fn schema() -> Value {
 }
 
 #[derive(Deserialize)]
-struct Conf {}
+struct Conf {
+    #[serde(default)]
+    prefer_name: bool,
+}
 
 fn check(v: &Value) -> Result<(), String> {
     crate::util::parse::<Conf>(&schema(), v).map(drop)
@@ -75,6 +79,9 @@ type TextSource = Box<dyn Fn(&mut String) + Send + Sync>;
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Labels {
     pub route: Box<str>,
+    pub service: Box<str>,
+    pub matched_uri: Box<str>,
+    pub matched_host: Box<str>,
     pub consumer: Box<str>,
     pub node: Box<str>,
     pub code: u16,
@@ -144,14 +151,15 @@ impl Default for Metrics {
 /// be reused by a later snapshot's route).
 struct Cached {
     route: Box<str>,
+    service: Box<str>,
     consumer: Box<str>,
     series: Arc<Series>,
 }
 
-type CacheKey = (u64, usize, usize, Option<std::net::SocketAddr>, u16);
+type CacheKey = (u64, usize, usize, Option<std::net::SocketAddr>, u16, bool);
 
 thread_local! {
-    /// (registry id, route id ptr, consumer ptr, upstream, status) -> series: a request whose labels this
+    /// (registry id, route id ptr, consumer ptr, upstream, status, prefer_name) -> series: a request whose labels this
     /// thread has seen takes no lock and allocates nothing.
     static CACHE: RefCell<ahash::AHashMap<CacheKey, Cached>> = RefCell::new(ahash::AHashMap::new());
 }
@@ -185,6 +193,9 @@ impl Metrics {
         if map.len() >= MAX_SERIES && !map.contains_key(&labels) {
             labels = Labels {
                 route: "".into(),
+                service: "".into(),
+                matched_uri: "".into(),
+                matched_host: "".into(),
                 consumer: "".into(),
                 node: "".into(),
                 code: labels.code,
@@ -202,7 +213,7 @@ impl Metrics {
             .clone()
     }
 
-    fn cached(&self, ctx: &Ctx<'_>, info: &LogInfo) -> Arc<Series> {
+    fn cached(&self, ctx: &Ctx<'_>, info: &LogInfo, prefer_name: bool) -> Arc<Series> {
         let consumer = ctx.consumer.as_ref();
         let key: CacheKey = (
             self.id,
@@ -210,19 +221,33 @@ impl Metrics {
             consumer.map_or(0, |c| Arc::as_ptr(c) as usize),
             info.upstream_addr,
             info.status,
+            prefer_name,
         );
         let name = ctx.consumer_name().unwrap_or("");
+        let meta = ctx.route;
+        let route = meta
+            .and_then(|m| m.route_name.as_deref())
+            .filter(|_| prefer_name)
+            .unwrap_or(ctx.route_id);
+        let service = meta
+            .and_then(|m| m.service_name.as_deref())
+            .filter(|_| prefer_name)
+            .or_else(|| meta.and_then(|m| m.service_id.as_deref()))
+            .unwrap_or("");
         let hit = CACHE.with(|c| {
             c.borrow()
                 .get(&key)
-                .filter(|e| &*e.route == ctx.route_id && &*e.consumer == name)
+                .filter(|e| &*e.route == route && &*e.consumer == name && &*e.service == service)
                 .map(|e| e.series.clone())
         });
         if let Some(s) = hit {
             return s;
         }
         let series = self.series(Labels {
-            route: ctx.route_id.into(),
+            route: route.into(),
+            service: service.into(),
+            matched_uri: meta.map_or("", |m| &m.matched_uri).into(),
+            matched_host: meta.map_or("", |m| &m.matched_host).into(),
             consumer: name.into(),
             node: info
                 .upstream_addr
@@ -239,7 +264,8 @@ impl Metrics {
             c.insert(
                 key,
                 Cached {
-                    route: ctx.route_id.into(),
+                    route: route.into(),
+                    service: service.into(),
                     consumer: name.into(),
                     series: series.clone(),
                 },
@@ -249,9 +275,8 @@ impl Metrics {
     }
 
     /// Records one finished request.
-    pub(crate) fn record(&self, ctx: &Ctx<'_>, info: &LogInfo) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        let s = self.cached(ctx, info);
+    pub(crate) fn record(&self, ctx: &Ctx<'_>, info: &LogInfo, prefer_name: bool) {
+        let s = self.cached(ctx, info, prefer_name);
         s.status.fetch_add(1, Ordering::Relaxed);
         let bounds = self.bounds();
         let total = info.latency.as_micros() as u64;
@@ -265,6 +290,9 @@ impl Metrics {
         }
         s.ingress.fetch_add(info.request_bytes, Ordering::Relaxed);
         s.egress.fetch_add(info.response_bytes, Ordering::Relaxed);
+        // Counted last with Release (the exporter loads it with Acquire first): a scrape that sees N requests
+        // sees every series count of those N.
+        self.requests.fetch_add(1, Ordering::Release);
     }
 
     /// The exposition text APISIX serves at `/apisix/prometheus/metrics`.
@@ -275,10 +303,11 @@ impl Metrics {
 
 struct Prometheus {
     metrics: Arc<Metrics>,
+    prefer_name: bool,
 }
 
 fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
-    let _: Conf = crate::util::parse(&schema(), v)?;
+    let c: Conf = crate::util::parse(&schema(), v)?;
     let metrics = env.shared.metrics.clone();
     // `plugin_attr.prometheus.default_buckets` applies from the first compilation on (a histogram's bounds
     // cannot change while it has observations).
@@ -293,7 +322,10 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
         bounds.dedup();
         let _ = metrics.buckets.set(Arc::from(bounds));
     }
-    Ok(Arc::new(Prometheus { metrics }))
+    Ok(Arc::new(Prometheus {
+        metrics,
+        prefer_name: c.prefer_name,
+    }))
 }
 
 impl Plugin for Prometheus {
@@ -307,6 +339,6 @@ impl Plugin for Prometheus {
         PhaseMask::of(&[Phase::Log])
     }
     fn log(&self, ctx: &Ctx<'_>, info: &LogInfo) {
-        self.metrics.record(ctx, info);
+        self.metrics.record(ctx, info, self.prefer_name);
     }
 }

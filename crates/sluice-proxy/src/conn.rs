@@ -222,7 +222,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
         let chains: [Option<&Chain>; 2] = [snap.global.as_deref(), route.plugins.as_deref()];
         let mut pctx = if chains.iter().any(Option::is_some) {
-            Some(Ctx::new(&view, &route.id))
+            Some(Ctx::new(&view, &route.id).with_route(&snap.route_meta[idx as usize]))
         } else {
             None
         };

@@ -39,6 +39,9 @@ fn fmt_bound(b: f64) -> String {
 
 pub(super) fn render(m: &Metrics) -> String {
     let mut out = String::with_capacity(4096);
+    // Loaded before the series are read (Acquire pairs with `record`'s Release): the series shown include at
+    // least these requests.
+    let total = m.requests.load(Ordering::Acquire);
     let bounds = m.bounds().to_vec();
     let series: Vec<(Labels, Arc<super::Series>)> = match m.series.read() {
         Ok(map) => map.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
@@ -47,9 +50,6 @@ pub(super) fn render(m: &Metrics) -> String {
     let conns = m.conns.read().ok().and_then(|g| g.as_ref().map(|f| f()));
     let _ = writeln!(out, "# HELP apisix_http_requests_total The total number of client requests since APISIX started");
     let _ = writeln!(out, "# TYPE apisix_http_requests_total gauge");
-    let total = conns.map_or(m.requests.load(Ordering::Relaxed), |_| {
-        m.requests.load(Ordering::Relaxed)
-    });
     let _ = writeln!(out, "apisix_http_requests_total {total}");
     if let Some(c) = conns {
         let _ = writeln!(
@@ -90,22 +90,31 @@ pub(super) fn render(m: &Metrics) -> String {
     for (l, s) in &sorted {
         let _ = writeln!(
             out,
-            "apisix_http_status{{code=\"{}\",route=\"{}\",matched_uri=\"\",matched_host=\"\",service=\"\",consumer=\"{}\",node=\"{}\"}} {}",
+            "apisix_http_status{{code=\"{}\",route=\"{}\",matched_uri=\"{}\",matched_host=\"{}\",service=\"{}\",consumer=\"{}\",node=\"{}\"}} {}",
             l.code,
             esc(&l.route),
+            esc(&l.matched_uri),
+            esc(&l.matched_host),
+            esc(&l.service),
             esc(&l.consumer),
             esc(&l.node),
             s.status.load(Ordering::Relaxed)
         );
     }
 
-    // Latency and bandwidth have no `code` label: sum the series per (route, consumer, node).
-    type Key = (Box<str>, Box<str>, Box<str>);
+    // Latency and bandwidth have no `code` or `matched_*` labels: sum the series per (route, service, consumer,
+    // node).
+    type Key = (Box<str>, Box<str>, Box<str>, Box<str>);
     type Agg = (Vec<[u64; 3]>, [u64; 3], [u64; 3], u64, u64);
     let mut agg: BTreeMap<Key, Agg> = BTreeMap::new();
     for (l, s) in &sorted {
         let e = agg
-            .entry((l.route.clone(), l.consumer.clone(), l.node.clone()))
+            .entry((
+                l.route.clone(),
+                l.service.clone(),
+                l.consumer.clone(),
+                l.node.clone(),
+            ))
             .or_insert_with(|| (vec![[0; 3]; bounds.len() + 1], [0; 3], [0; 3], 0, 0));
         for (t, h) in s.latency.iter().enumerate() {
             add_hist(h, t, &mut e.0, &mut e.1, &mut e.2);
@@ -118,14 +127,15 @@ pub(super) fn render(m: &Metrics) -> String {
         "# HELP apisix_http_latency HTTP request latency in milliseconds per service in APISIX"
     );
     let _ = writeln!(out, "# TYPE apisix_http_latency histogram");
-    for ((route, consumer, node), (buckets, sums, counts, _, _)) in &agg {
+    for ((route, service, consumer, node), (buckets, sums, counts, _, _)) in &agg {
         for (t, ty) in LAT_TYPES.iter().enumerate() {
             if counts[t] == 0 {
                 continue;
             }
             let labels = format!(
-                "type=\"{ty}\",route=\"{}\",service=\"\",consumer=\"{}\",node=\"{}\"",
+                "type=\"{ty}\",route=\"{}\",service=\"{}\",consumer=\"{}\",node=\"{}\"",
                 esc(route),
+                esc(service),
                 esc(consumer),
                 esc(node)
             );
@@ -152,12 +162,13 @@ pub(super) fn render(m: &Metrics) -> String {
         "# HELP apisix_bandwidth Total bandwidth in bytes consumed per service in APISIX"
     );
     let _ = writeln!(out, "# TYPE apisix_bandwidth counter");
-    for ((route, consumer, node), (_, _, _, ingress, egress)) in &agg {
+    for ((route, service, consumer, node), (_, _, _, ingress, egress)) in &agg {
         for (ty, v) in [("egress", egress), ("ingress", ingress)] {
             let _ = writeln!(
                 out,
-                "apisix_bandwidth{{type=\"{ty}\",route=\"{}\",service=\"\",consumer=\"{}\",node=\"{}\"}} {v}",
+                "apisix_bandwidth{{type=\"{ty}\",route=\"{}\",service=\"{}\",consumer=\"{}\",node=\"{}\"}} {v}",
                 esc(route),
+                esc(service),
                 esc(consumer),
                 esc(node)
             );

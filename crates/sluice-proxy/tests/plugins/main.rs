@@ -9,6 +9,7 @@ mod groups;
 mod jwt;
 mod limits;
 mod loggers;
+mod meta;
 mod metrics;
 mod redis;
 mod restrict;

@@ -22,10 +22,10 @@ fn metrics_count_status_latency_and_bandwidth_per_route_and_consumer() {
     let text = settled(&gw, "apisix_http_requests_total 4");
     let node = o.addr.ip().to_string();
     assert!(text.contains(&format!(
-        "apisix_http_status{{code=\"200\",route=\"r1\",matched_uri=\"\",matched_host=\"\",service=\"\",consumer=\"jack\",node=\"{node}\"}} 3"
+        "apisix_http_status{{code=\"200\",route=\"r1\",matched_uri=\"/hello\",matched_host=\"\",service=\"\",consumer=\"jack\",node=\"{node}\"}} 3"
     )), "{text}");
     assert!(text.contains(
-        "apisix_http_status{code=\"401\",route=\"r1\",matched_uri=\"\",matched_host=\"\",service=\"\",consumer=\"\",node=\"\"} 1"
+        "apisix_http_status{code=\"401\",route=\"r1\",matched_uri=\"/hello\",matched_host=\"\",service=\"\",consumer=\"\",node=\"\"} 1"
     ), "{text}");
     assert!(text.contains(&format!(
         "apisix_http_latency_count{{type=\"request\",route=\"r1\",service=\"\",consumer=\"jack\",node=\"{node}\"}} 3"
