@@ -280,7 +280,7 @@ pub struct Upstream {
     pub hash_on: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    /// http | https | grpc | grpcs
+    /// http | https | grpc | grpcs, and Sluice's h2c | h2 (HTTP/2 to the upstream, cleartext / TLS)
     pub scheme: String,
     /// pass | node | rewrite
     pub pass_host: String,

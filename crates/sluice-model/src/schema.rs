@@ -117,8 +117,9 @@ pub fn upstream() -> Value {
             "hash_on": {"type": "string", "default": "vars",
                         "enum": ["vars", "header", "cookie", "consumer", "vars_combinations"]},
             "key": {"type": "string"},
+            // h2c/h2: Sluice's HTTP/2 upstreams (prior knowledge / TLS with ALPN h2), not in APISIX.
             "scheme": {"default": "http",
-                       "enum": ["grpc", "grpcs", "http", "https", "tcp", "tls", "udp", "kafka"]},
+                       "enum": ["grpc", "grpcs", "http", "https", "tcp", "tls", "udp", "kafka", "h2c", "h2"]},
             "discovery_type": {"type": "string"},
             "discovery_args": {"type": "object"},
             "pass_host": {"type": "string", "enum": ["pass", "node", "rewrite"], "default": "pass"},

@@ -37,6 +37,7 @@ mod limit_count;
 mod limit_req;
 mod log_entry;
 pub mod prometheus;
+mod proxy_mirror;
 mod proxy_rewrite;
 mod real_ip;
 mod redirect;
@@ -48,10 +49,11 @@ mod traffic_split;
 mod ua_restriction;
 
 pub use chain::{Chain, CompileEnv, Shared};
-pub use ctx::{Ctx, Edits, LogInfo, RespEdits, RouteMeta};
+pub use ctx::{Ctx, Edits, LogInfo, RespEdits};
 pub use ctx_view::ReqView;
 pub use filters::{body_ended, body_filters, filters_body, header_filters, BodyChunk};
 pub use prometheus::serve_metrics;
+pub use proxy_mirror::Mirror;
 
 use bytes::Bytes;
 

@@ -36,6 +36,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::jwt_auth::ENTRY,
     crate::key_auth::ENTRY,
     crate::consumer_restriction::ENTRY,
+    crate::proxy_mirror::ENTRY,
     crate::proxy_rewrite::ENTRY,
     crate::limit_conn::ENTRY,
     crate::limit_count::ENTRY,

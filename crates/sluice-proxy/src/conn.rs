@@ -222,7 +222,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
         let chains: [Option<&Chain>; 2] = [snap.global.as_deref(), route.plugins.as_deref()];
         let mut pctx = if chains.iter().any(Option::is_some) {
-            Some(Ctx::new(&view, &route.id).with_route(&snap.route_meta[idx as usize]))
+            Some(Ctx::new(&view, &route.id))
         } else {
             None
         };
@@ -448,7 +448,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             body_consumed: consumed,
         };
         if up.h2 {
-            return self.attempt_h2(head, route, node_idx, body_consumed).await;
+            return self
+                .attempt_h2(head, host, route, node_idx, body_consumed, pctx, chains)
+                .await;
         }
         let t_up = Instant::now();
         let mut c: Checkout = self

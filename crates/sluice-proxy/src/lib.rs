@@ -14,6 +14,7 @@ mod forward;
 mod h2;
 mod health_check;
 mod listen;
+mod mirror;
 mod pool;
 mod server;
 mod snapshot;

@@ -1,48 +1,94 @@
 //! The protocol switches of a `Conn`: an `Upgrade` the upstream accepted (101, WebSocket: tunnelled by `ws`) and
-//! requests whose upstream speaks HTTP/2 (`grpc`/`grpcs`: exchanged by `h2::upstream`). Kept apart from the
+//! requests whose upstream speaks HTTP/2 (`grpc`/`grpcs`, `h2c`/`h2`: exchanged by `h2::upstream`). Kept apart from the
 //! HTTP/1.1 request path in `conn.rs`, which only dispatches here.
 
 use std::time::Instant;
 
 use bytes::BufMut;
-use sluice_http::{BodyKind, RequestHead, ResponseHead};
+use sluice_http::{parse_request, BodyKind, Limits, RequestHead, ResponseHead};
+use sluice_plugins::{Chain, Ctx};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::{Conn, Done, Failure, Stage};
 use crate::error::{Error, Kind};
-use crate::forward::{self, OutFraming};
+use crate::forward::{self, ForwardInfo, OutFraming};
 use crate::pool::Checkout;
 use crate::snapshot::{CompiledRoute, UpstreamRt};
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
-    /// One attempt against an HTTP/2 (`grpc`/`grpcs`) upstream; see `h2::upstream`.
+    /// One attempt against an HTTP/2 upstream (`grpc`/`grpcs`, Sluice's `h2c`/`h2`); see `h2::upstream`. The head
+    /// is first written exactly as for an HTTP/1.1 upstream (plugin edits, Host, X-Forwarded-*), then re-parsed and
+    /// sent as h2, so both paths forward the same request.
+    #[allow(clippy::too_many_arguments)] // the per-attempt state is borrowed piecewise from `handle`
     pub(super) async fn attempt_h2(
         &mut self,
         head: &RequestHead,
+        host: Option<&str>,
         route: &CompiledRoute,
         node_idx: usize,
         body_consumed: &mut bool,
+        pctx: Option<&mut Ctx<'_>>,
+        chains: &[Option<&Chain>; 2],
     ) -> Result<Done, Failure> {
-        use crate::h2::upstream::{exchange, Progress};
+        use crate::h2::upstream::{exchange, Progress, RespFilter};
         let up: &UpstreamRt = &route.upstream;
+        let node = &up.nodes[node_idx];
+        self.out.clear();
+        forward::request_head(
+            head,
+            &ForwardInfo {
+                pass_host: &up.pass_host,
+                node,
+                client_ip: self.client_ip.as_bytes(),
+                server_port: &self.server_port,
+                scheme: self.scheme.as_bytes(),
+                host,
+            },
+            pctx.as_deref().map(|c| &c.edits),
+            &mut self.out,
+        );
+        // Edits and the X-Forwarded-* fields may lengthen a head that was within the limits.
+        let l = self.w.shared.cfg.limits;
+        let limits = Limits {
+            max_headers: l.max_headers + 32,
+            max_head_bytes: l.max_head_bytes + 8 * 1024,
+            max_uri_bytes: l.max_uri_bytes + 8 * 1024,
+        };
+        let parsed = parse_request(&mut self.out, &limits);
+        self.out.clear();
+        let fwd = match parsed {
+            Ok(Some(h)) => h,
+            Ok(None) | Err(_) => {
+                return Err(Failure {
+                    err: Error::downstream(
+                        Kind::BadRequest(400),
+                        "request head after plugin edits",
+                    ),
+                    stage: Stage::BeforeSend,
+                    body_consumed: *body_consumed,
+                })
+            }
+        };
+        let filter = pctx.map(|ctx| RespFilter { ctx, chains });
         let t0 = Instant::now();
         let r = exchange(
             &mut self.io,
             &mut self.rbuf,
             head,
+            &fwd,
             up,
-            &up.nodes[node_idx],
-            head.header("host"),
+            node,
             route.timeouts,
             self.w.shared.cfg.header_timeout,
+            filter,
         )
         .await;
         match r {
             Ok(x) => {
                 up.balancer.health().report_http_status(node_idx, x.status);
                 Ok(Done {
-                    keep: head.keep_alive && !*self.shutdown.borrow(),
-                    status: x.status,
+                    keep: head.keep_alive && !x.close && !*self.shutdown.borrow(),
+                    status: x.sent_status,
                     request_body: x.request_body,
                     response_bytes: x.response_bytes,
                     upstream_latency: t0.elapsed(),

@@ -1,11 +1,14 @@
-//! HTTP/2 towards upstreams (`scheme: grpc` = h2c, `grpcs` = h2 over TLS with ALPN "h2"): one multiplexed client
-//! connection per node per worker thread, re-made when it dies.
+//! HTTP/2 towards upstreams (`scheme: grpc` and Sluice's `h2c` = cleartext prior knowledge, `grpcs` and `h2` = TLS
+//! with ALPN "h2"): one multiplexed client connection per node per worker thread, re-made when it dies.
 //!
-//! `conn::Conn` calls [`exchange`] with a parsed HTTP/1.1 request (on an h2 downstream that is the bridged stream)
-//! and its downstream stream: the request body and its chunked trailers go out as DATA and a trailers HEADERS
-//! frame, concurrently with the response coming back, which is written downstream as a chunked HTTP/1.1 message
-//! whose trailers carry the upstream's (gRPC's `grpc-status` / `grpc-message`). Plugins' response edits are not
-//! applied on this path.
+//! `conn::Conn` calls [`exchange`] with a parsed HTTP/1.1 request (on an h2 downstream that is the bridged stream),
+//! the head it would forward to an HTTP/1.1 upstream (`forward::request_head`, re-parsed: plugin request edits,
+//! Host per `pass_host`, X-Forwarded-*, hop-by-hop fields dropped, exactly as on the HTTP/1.1 path) and its
+//! downstream stream. The request body and its chunked trailers go out as DATA and a trailers HEADERS frame,
+//! concurrently with the response coming back. The response head goes through the plugins' header_filter and their
+//! header edits, then downstream as HTTP/1.1: with the upstream's Content-Length when it sent one, else chunked with
+//! its trailers (gRPC's `grpc-status` / `grpc-message`), or close-delimited to an HTTP/1.0 client. Body filters are
+//! not run on this path.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -16,12 +19,13 @@ use ::h2::client::SendRequest;
 use ahash::AHashMap;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue};
-use sluice_http::{connection_tokens, BodyKind, Chunk, ChunkedDecoder, RequestHead};
+use sluice_http::{connection_tokens, BodyKind, Chunk, ChunkedDecoder, RequestHead, Version};
+use sluice_plugins::{Chain, Ctx, RespEdits};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::error::{Error, Kind};
-use crate::snapshot::{NodeRt, PassHost, Timeouts, UpstreamRt};
+use crate::snapshot::{NodeRt, Timeouts, UpstreamRt};
 
 /// One node's client connection; `connecting` makes concurrent first requests share a single handshake.
 #[derive(Default)]
@@ -37,9 +41,20 @@ thread_local! {
 
 /// What one exchange did, for the log phase.
 pub(crate) struct Exchanged {
+    /// The upstream's status (health checks count it).
     pub status: u16,
+    /// The status the client got (a plugin may have changed it; the log phase records it).
+    pub sent_status: u16,
     pub request_body: u64,
     pub response_bytes: u64,
+    /// The response was close-delimited: the downstream connection ends with it.
+    pub close: bool,
+}
+
+/// The plugins that filter the response head (header_filter, then their header edits).
+pub(crate) struct RespFilter<'a, 'c> {
+    pub ctx: &'a mut Ctx<'c>,
+    pub chains: &'a [Option<&'a Chain>; 2],
 }
 
 /// How far a failed exchange got.
@@ -121,36 +136,33 @@ fn h2_err(node: &NodeRt, e: ::h2::Error) -> Error {
     Error::upstream(Kind::UpstreamIo, format!("upstream {}: h2: {e}", node.addr))
 }
 
-/// Builds the upstream request from the HTTP/1.1 head: hop-by-hop fields dropped, Host becomes `:authority`.
+/// Builds the h2 request from the forwarded HTTP/1.1 head `fwd`: its Host becomes `:authority`, hop-by-hop fields
+/// (already dropped by `forward`, but a plugin may set one) and a Content-Length beside chunked framing are left out.
 fn request(
     head: &RequestHead,
+    fwd: &RequestHead,
     up: &UpstreamRt,
     node: &NodeRt,
-    client_host: Option<&[u8]>,
 ) -> Result<http::Request<()>, Error> {
-    let authority: &[u8] = match &up.pass_host {
-        PassHost::Pass => client_host.unwrap_or(&node.host_header),
-        PassHost::Node => &node.host_header,
-        PassHost::Rewrite(h) => h,
-    };
+    let authority = fwd.header("host").unwrap_or(&node.host_header);
     let bad = |m: String| Error::downstream(Kind::BadRequest(400), m);
     let uri = http::Uri::builder()
         .scheme(if up.tls.is_some() { "https" } else { "http" })
         .authority(authority)
-        .path_and_query(path_and_query(head))
+        .path_and_query(path_and_query(fwd))
         .build()
         .map_err(|e| bad(format!("request target: {e}")))?;
     let mut req = http::Request::builder()
-        .method(head.method_str())
+        .method(fwd.method_str())
         .uri(uri)
         .body(())
         .map_err(|e| bad(format!("request: {e}")))?;
-    let tokens = connection_tokens(&head.buf, &head.headers);
+    let tokens = connection_tokens(&fwd.buf, &fwd.headers);
     let headers = req.headers_mut();
-    for (name, value) in head.headers_iter() {
+    for (name, value) in fwd.headers_iter() {
         if tokens.is_hop_by_hop(name)
             || name.eq_ignore_ascii_case(b"host")
-            || name.eq_ignore_ascii_case(b"content-length") && head.body == BodyKind::Chunked
+            || name.eq_ignore_ascii_case(b"content-length") && fwd.body == BodyKind::Chunked
         {
             continue;
         }
@@ -177,19 +189,21 @@ fn path_and_query(head: &RequestHead) -> Vec<u8> {
     pq
 }
 
-/// Proxies one request to an h2 upstream and streams the response to `io`.
+/// Proxies one request to an h2 upstream and streams the response to `io`. `head` is the client's request (its
+/// body framing and version count), `fwd` the head as it would be forwarded over HTTP/1.1.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
     rbuf: &mut BytesMut,
     head: &RequestHead,
+    fwd: &RequestHead,
     up: &UpstreamRt,
     node: &NodeRt,
-    client_host: Option<&[u8]>,
     t: Timeouts,
     client_timeout: Duration,
+    filter: Option<RespFilter<'_, '_>>,
 ) -> Result<Exchanged, Failed> {
-    let req = request(head, up, node, client_host).map_err(|e| (e, Progress::BeforeSend))?;
+    let req = request(head, fwd, up, node).map_err(|e| (e, Progress::BeforeSend))?;
     let mut tx = client(up, node, t.connect)
         .await
         .map_err(|e| (e.before_send(), Progress::BeforeSend))?;
@@ -217,7 +231,11 @@ pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
                 (e, Progress::Sent)
             })?
             .map_err(|e| (h2_err(node, e), Progress::Sent))?;
-        write_response(&mut wr, resp, head.method_str() == "HEAD", t.read).await
+        let down = Downstream {
+            head_only: head.method_str() == "HEAD",
+            http10: head.version == Version::Http10,
+        };
+        write_response(&mut wr, resp, down, filter, t.read).await
     };
     // The request body streams while the response comes back (gRPC bidirectional streaming); a failed body ends
     // the exchange at once (dropping the response stream resets it upstream).
@@ -227,8 +245,14 @@ pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         tokio::select! {
             r = &mut send, if sent.is_none() => sent = Some(r?),
             r = &mut recv => {
-                let (status, response_bytes) = r?;
-                return Ok(Exchanged { status, request_body: sent.unwrap_or(0), response_bytes });
+                let w = r?;
+                return Ok(Exchanged {
+                    status: w.status,
+                    sent_status: w.sent_status,
+                    request_body: sent.unwrap_or(0),
+                    response_bytes: w.bytes,
+                    close: w.close,
+                });
             }
         }
     }
@@ -293,39 +317,105 @@ async fn send_body<R: AsyncRead + Unpin>(
     }
 }
 
-/// Writes the h2 response as chunked HTTP/1.1 (trailers kept); returns status and bytes written.
+/// What the downstream request allows in the response.
+#[derive(Clone, Copy)]
+struct Downstream {
+    head_only: bool,
+    http10: bool,
+}
+
+/// How the HTTP/1.1 response body is delimited.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// HEAD, 204, 304: no body.
+    None,
+    /// The upstream's Content-Length, body copied as is (trailers, if any, cannot follow).
+    Length,
+    /// Chunked, with the upstream's trailers.
+    Chunked,
+    /// An HTTP/1.0 client and no length: the body ends with the connection.
+    Close,
+}
+
+/// What writing the response did.
+struct Written {
+    status: u16,
+    sent_status: u16,
+    bytes: u64,
+    close: bool,
+}
+
+/// Writes the h2 response as HTTP/1.1.
 async fn write_response<W: AsyncWrite + Unpin>(
     wr: &mut W,
     resp: http::Response<::h2::RecvStream>,
-    head_only: bool,
+    down: Downstream,
+    filter: Option<RespFilter<'_, '_>>,
     t: Duration,
-) -> Result<(u16, u64), Failed> {
+) -> Result<Written, Failed> {
     let (parts, mut body) = resp.into_parts();
     let status = parts.status.as_u16();
-    let bodyless = head_only || status == 204 || status == 304;
+    let edits: Option<&RespEdits> = match filter {
+        Some(f) => {
+            for chain in f.chains.iter().flatten() {
+                chain.header_filter(f.ctx, status);
+            }
+            Some(&f.ctx.resp).filter(|e| !e.is_empty())
+        }
+        None => None,
+    };
+    let has_length = parts.headers.contains_key(http::header::CONTENT_LENGTH);
+    let framing = if down.head_only || status == 204 || status == 304 {
+        Framing::None
+    } else if has_length {
+        Framing::Length
+    } else if down.http10 {
+        Framing::Close
+    } else {
+        Framing::Chunked
+    };
+    // A plugin's new status (response-rewrite `status_code`) goes out with its standard reason phrase; the
+    // upstream's own status is what health and the log phase see.
+    let sent_status = edits.and_then(|e| e.status).unwrap_or(status);
     let mut out = BytesMut::with_capacity(512);
     out.put_slice(b"HTTP/1.1 ");
-    out.put_slice(parts.status.as_str().as_bytes());
+    let mut code = crate::forward::itoa_buf();
+    out.put_slice(crate::forward::fmt_u16(sent_status, &mut code));
     out.put_u8(b' ');
-    out.put_slice(sluice_http::status_reason(status).as_bytes());
+    out.put_slice(sluice_http::status_reason(sent_status).as_bytes());
     out.put_slice(b"\r\n");
     for (n, v) in &parts.headers {
-        if bodyless || n != http::header::CONTENT_LENGTH {
-            put(&mut out, n.as_str().as_bytes(), v.as_bytes());
+        if edits.is_some_and(|e| e.drops(n.as_str().as_bytes())) {
+            continue;
+        }
+        put(&mut out, n.as_str().as_bytes(), v.as_bytes());
+    }
+    if let Some(e) = edits {
+        for (n, v) in e.set_headers.iter().chain(&e.add_headers) {
+            put(&mut out, n, v);
         }
     }
-    if !bodyless {
-        out.put_slice(b"transfer-encoding: chunked\r\n");
+    match framing {
+        Framing::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::Close => out.put_slice(b"connection: close\r\n"),
+        Framing::None | Framing::Length => {}
     }
     out.put_slice(b"\r\n");
+    let close = framing == Framing::Close;
     let down = |e: std::io::Error| {
         let e = Error::downstream(Kind::ClientClosed, e.to_string());
         (e, Progress::Responding)
     };
     let mut total = out.len() as u64;
     wr.write_all(&out).await.map_err(down)?;
-    if bodyless {
-        return Ok((status, total));
+    if framing == Framing::None {
+        wr.flush().await.map_err(down)?;
+        return Ok(Written {
+            status,
+            sent_status,
+            bytes: total,
+            close,
+        });
     }
     loop {
         let next = tokio::time::timeout(t, body.data()).await.map_err(|_| {
@@ -343,30 +433,42 @@ async fn write_response<W: AsyncWrite + Unpin>(
             continue;
         }
         let n = d.len();
-        out.clear();
-        sluice_http::encode_chunk_header(n, &mut out);
-        wr.write_all(&out).await.map_err(down)?;
-        wr.write_all(&d).await.map_err(down)?;
-        wr.write_all(b"\r\n").await.map_err(down)?;
-        total += (out.len() + n + 2) as u64;
+        if framing == Framing::Chunked {
+            out.clear();
+            sluice_http::encode_chunk_header(n, &mut out);
+            wr.write_all(&out).await.map_err(down)?;
+            wr.write_all(&d).await.map_err(down)?;
+            wr.write_all(b"\r\n").await.map_err(down)?;
+            total += (out.len() + n + 2) as u64;
+        } else {
+            wr.write_all(&d).await.map_err(down)?;
+            total += n as u64;
+        }
         let _ = body.flow_control().release_capacity(n);
     }
-    let trailers = body.trailers().await.map_err(|e| {
-        (
-            Error::upstream(Kind::UpstreamIo, format!("h2 trailers: {e}")),
-            Progress::Responding,
-        )
-    })?;
-    out.clear();
-    out.put_slice(b"0\r\n");
-    for (n, v) in trailers.iter().flatten() {
-        put(&mut out, n.as_str().as_bytes(), v.as_bytes());
+    if framing == Framing::Chunked {
+        let trailers = body.trailers().await.map_err(|e| {
+            (
+                Error::upstream(Kind::UpstreamIo, format!("h2 trailers: {e}")),
+                Progress::Responding,
+            )
+        })?;
+        out.clear();
+        out.put_slice(b"0\r\n");
+        for (n, v) in trailers.iter().flatten() {
+            put(&mut out, n.as_str().as_bytes(), v.as_bytes());
+        }
+        out.put_slice(b"\r\n");
+        total += out.len() as u64;
+        wr.write_all(&out).await.map_err(down)?;
     }
-    out.put_slice(b"\r\n");
-    total += out.len() as u64;
-    wr.write_all(&out).await.map_err(down)?;
     wr.flush().await.map_err(down)?;
-    Ok((status, total))
+    Ok(Written {
+        status,
+        sent_status,
+        bytes: total,
+        close,
+    })
 }
 
 fn put(out: &mut BytesMut, name: &[u8], value: &[u8]) {

@@ -4,6 +4,7 @@
 mod grpc;
 mod h2spec;
 mod upgrade;
+mod upstream;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
