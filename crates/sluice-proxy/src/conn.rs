@@ -222,7 +222,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
         let chains: [Option<&Chain>; 2] = [snap.global.as_deref(), route.plugins.as_deref()];
         let mut pctx = if chains.iter().any(Option::is_some) {
-            Some(Ctx::new(&view, &route.id))
+            Some(Ctx::new(&view, &route.id).with_route(&snap.route_meta[idx as usize]))
         } else {
             None
         };
@@ -251,6 +251,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             None => route,
         };
         let up: &UpstreamRt = &route.upstream;
+        if let Some(m) = pctx.as_mut().and_then(Ctx::take_mirror) {
+            self.mirror(m, &head).await;
+        }
         let consumer = pctx.as_ref().and_then(|c| c.consumer.clone());
         let hash_key = hash_key(up, &view, consumer.as_deref().map(|c| c.username.as_str()));
         let host = view.host.as_deref();
@@ -415,6 +418,32 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             chain.log(ctx, &info);
         }
         Ok(keep)
+    }
+
+    /// proxy-mirror: reads a small body into `rbuf` (the forward then finds it there, as if just received) and
+    /// hands a copy of the request to the mirror's task. Whatever goes wrong here is left to the forward.
+    async fn mirror(&mut self, m: sluice_plugins::Mirror, head: &RequestHead) {
+        let body = match head.body {
+            BodyKind::Empty => bytes::Bytes::new(),
+            BodyKind::Length(n)
+                if n <= crate::mirror::MAX_BODY
+                    && !head.expect_continue
+                    && crate::mirror::has_room() =>
+            {
+                let n = n as usize;
+                while self.rbuf.len() < n {
+                    self.rbuf.reserve(n - self.rbuf.len());
+                    let read = self.io.read_buf(&mut self.rbuf);
+                    match tokio::time::timeout(self.w.shared.cfg.header_timeout, read).await {
+                        Ok(Ok(k)) if k > 0 => {}
+                        _ => return crate::mirror::skip("request body not received"),
+                    }
+                }
+                bytes::Bytes::copy_from_slice(&self.rbuf[..n])
+            }
+            _ => return crate::mirror::skip("body not mirrored"),
+        };
+        crate::mirror::send(m, head, body);
     }
 
     /// Answers without contacting an upstream. An unread request body means the connection must close.

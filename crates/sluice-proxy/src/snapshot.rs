@@ -27,6 +27,8 @@ pub struct Snapshot {
     pub revision: u64,
     pub(crate) router: Router<u32>,
     pub(crate) routes: Vec<CompiledRoute>,
+    /// What plugins learn about each route (service id, names, matched patterns), by route index.
+    pub(crate) route_meta: Vec<sluice_plugins::RouteMeta>,
     /// Plugins of all global rules, run before every route's own (APISIX `global_rules`).
     pub(crate) global: Option<Arc<Chain>>,
     /// Upstream runtimes by `u:<id>` (shared upstreams) or `r:<route id>` (inline ones), for the next compile.
@@ -123,6 +125,7 @@ impl Snapshot {
             router: Router::build(Vec::new())
                 .unwrap_or_else(|_| unreachable!("an empty router always builds")),
             routes: Vec::new(),
+            route_meta: Vec::new(),
             global: None,
             upstreams: AHashMap::new(),
             tls: SniTable::default(),
@@ -213,10 +216,12 @@ impl Snapshot {
         }
         let mut specs = Vec::with_capacity(res.routes.len());
         let mut routes = Vec::with_capacity(res.routes.len());
+        let mut route_meta = Vec::with_capacity(res.routes.len());
         let mut cache = reuse::Builder::new(prev.map(|p| &p.reuse), res, shared);
         // Inline upstreams of reused routes, registered once `runtime` is done with `upstreams`.
         let mut kept_inline: Vec<(Box<str>, Arc<UpstreamRt>)> = Vec::new();
         for r in res.routes.iter().filter(|r| r.enabled()) {
+            route_meta.push(route_meta_of(r, &services));
             if let Some((spec, compiled, inline)) = cache.reuse(r, &shared_ups, routes.len() as u32)
             {
                 if inline {
@@ -306,12 +311,34 @@ impl Snapshot {
             revision,
             router,
             routes,
+            route_meta,
             global,
             upstreams,
             tls,
             reuse: cache.next,
             splits,
         })
+    }
+}
+
+/// A route's [`sluice_plugins::RouteMeta`]: its service id and names, its first uri and host pattern.
+fn route_meta_of(
+    r: &sluice_model::Route,
+    services: &AHashMap<&Id, &sluice_model::Service>,
+) -> sluice_plugins::RouteMeta {
+    let service = r.service_id.as_ref().and_then(|id| services.get(id));
+    // The route's hosts, else its service's (as the merge gives them to the router).
+    let host = r
+        .host
+        .as_deref()
+        .or_else(|| r.hosts.first().map(String::as_str))
+        .or_else(|| service.and_then(|s| s.hosts.first()).map(String::as_str));
+    sluice_plugins::RouteMeta {
+        service_id: r.service_id.as_ref().map(|i| i.0.as_str().into()),
+        route_name: r.name.as_deref().map(Into::into),
+        service_name: service.and_then(|s| s.name.as_deref()).map(Into::into),
+        matched_uri: r.all_uris().first().map_or("", String::as_str).into(),
+        matched_host: host.unwrap_or("").into(),
     }
 }
 
