@@ -78,10 +78,24 @@ impl RespEdits {
     }
 }
 
+/// The matched route as plugins see it, built once per route when the snapshot compiles: the ids and names log
+/// entries carry and the configured uri / host patterns prometheus labels with (`matched_uri`, `matched_host`:
+/// the route's first `uris` / `hosts` entry, bounded by configuration, never the request's own path).
+#[derive(Debug, Default, Clone)]
+pub struct RouteMeta {
+    pub service_id: Option<Box<str>>,
+    pub route_name: Option<Box<str>>,
+    pub service_name: Option<Box<str>>,
+    pub matched_uri: Box<str>,
+    pub matched_host: Box<str>,
+}
+
 /// The request context handed to every hook.
 pub struct Ctx<'a> {
     pub req: &'a ReqView<'a>,
     pub route_id: &'a str,
+    /// The matched route's service id, names and patterns (set by the proxy; `None` in bare unit tests).
+    pub route: Option<&'a RouteMeta>,
     /// Set by an auth plugin once it identifies the consumer; read by later plugins (limit-count `consumer_name`).
     pub consumer: Option<Arc<sluice_model::Consumer>>,
     pub edits: Edits,
@@ -112,6 +126,7 @@ impl<'a> Ctx<'a> {
         Ctx {
             req,
             route_id,
+            route: None,
             consumer: None,
             edits: Edits::default(),
             resp: RespEdits::default(),
@@ -152,6 +167,17 @@ impl<'a> Ctx<'a> {
         std::mem::take(&mut self.delay)
     }
 
+    /// Attaches the matched route's [`RouteMeta`].
+    pub fn with_route(mut self, meta: &'a RouteMeta) -> Self {
+        self.route = Some(meta);
+        self
+    }
+
+    /// The matched route's `service_id`, if it has one.
+    pub fn service_id(&self) -> Option<&'a str> {
+        self.route.and_then(|m| m.service_id.as_deref())
+    }
+
     /// The consumer's name, once an auth plugin has identified one.
     pub fn consumer_name(&self) -> Option<&str> {
         self.consumer.as_deref().map(|c| c.username.as_str())
@@ -182,6 +208,19 @@ impl<'a> Ctx<'a> {
             match name.as_ref() {
                 "consumer_name" => return self.consumer_name().map(Cow::Borrowed),
                 "route_id" => return Some(Cow::Borrowed(self.route_id)),
+                "service_id" => return self.service_id().map(Cow::Borrowed),
+                "route_name" => {
+                    return self
+                        .route
+                        .and_then(|m| m.route_name.as_deref())
+                        .map(Cow::Borrowed)
+                }
+                "service_name" => {
+                    return self
+                        .route
+                        .and_then(|m| m.service_name.as_deref())
+                        .map(Cow::Borrowed)
+                }
                 "request_uri" => return Some(Cow::Borrowed(self.req.head.target_str())),
                 other => {
                     if let Some((_, v)) = self.vars.iter().find(|(n, _)| *n == other) {

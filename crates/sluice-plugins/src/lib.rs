@@ -49,7 +49,7 @@ mod traffic_split;
 mod ua_restriction;
 
 pub use chain::{Chain, CompileEnv, Shared};
-pub use ctx::{Ctx, Edits, LogInfo, RespEdits};
+pub use ctx::{Ctx, Edits, LogInfo, RespEdits, RouteMeta};
 pub use ctx_view::ReqView;
 pub use filters::{body_ended, body_filters, filters_body, header_filters, BodyChunk};
 pub use prometheus::serve_metrics;

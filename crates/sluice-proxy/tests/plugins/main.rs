@@ -4,11 +4,12 @@
 
 mod auth;
 mod body;
-mod delays;
 mod groups;
+mod delays;
 mod jwt;
 mod limits;
 mod loggers;
+mod meta;
 mod metrics;
 mod mirror;
 mod redis;
