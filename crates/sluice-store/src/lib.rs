@@ -32,6 +32,29 @@ pub fn parse_node_config(text: &str) -> Result<NodeConfig, String> {
     serde_yaml::from_str(text).map_err(|e| format!("invalid config.yaml: {e}"))
 }
 
+/// APISIX's control API address from config.yaml: `apisix.enable_control` (default true) and `apisix.control.ip`
+/// / `.port` (default 127.0.0.1:9090). Read from the raw text, since the node model does not carry it.
+pub fn control_addr(text: &str) -> Result<Option<std::net::SocketAddr>, String> {
+    let doc: serde_yaml::Value = if text.trim().is_empty() {
+        serde_yaml::Value::Null
+    } else {
+        serde_yaml::from_str(text).map_err(|e| format!("invalid config.yaml: {e}"))?
+    };
+    let apisix = &doc["apisix"];
+    if apisix["enable_control"].as_bool() == Some(false) {
+        return Ok(None);
+    }
+    let control = &apisix["control"];
+    let ip = control["ip"].as_str().unwrap_or("127.0.0.1");
+    let port = control["port"].as_u64().unwrap_or(9090);
+    let ip: std::net::IpAddr = ip
+        .parse()
+        .map_err(|_| format!("apisix.control.ip: invalid address {ip:?}"))?;
+    let port =
+        u16::try_from(port).map_err(|_| format!("apisix.control.port: invalid port {port}"))?;
+    Ok(Some(std::net::SocketAddr::new(ip, port)))
+}
+
 /// Which provider the node configuration selects: `deployment.role_traditional.config_provider` (or
 /// `role_data_plane` for data planes): `embedded` (Sluice's default), `etcd`, or `yaml` (standalone).
 pub fn provider_name(cfg: &NodeConfig) -> &str {
@@ -61,5 +84,22 @@ pub async fn open_store(
         other => Err(format!(
             "config_provider {other:?} has no read-write store (yaml is standalone mode)"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn control_addr_defaults_overrides_and_off() {
+        let d = super::control_addr("").unwrap();
+        assert_eq!(d.map(|a| a.to_string()).as_deref(), Some("127.0.0.1:9090"));
+        let c = super::control_addr("apisix:\n  control:\n    ip: 127.0.0.2\n    port: 19090\n")
+            .unwrap();
+        assert_eq!(c.map(|a| a.to_string()).as_deref(), Some("127.0.0.2:19090"));
+        assert_eq!(
+            super::control_addr("apisix:\n  enable_control: false\n").unwrap(),
+            None
+        );
+        assert!(super::control_addr("apisix:\n  control:\n    port: 70000\n").is_err());
     }
 }

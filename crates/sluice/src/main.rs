@@ -3,6 +3,7 @@
 
 mod apply;
 mod catalog;
+mod control;
 mod start;
 
 use std::path::PathBuf;

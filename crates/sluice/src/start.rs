@@ -84,6 +84,17 @@ pub fn run(
             }
         }
 
+        if let Some(addr) = sluice_store::control_addr(&text)? {
+            // As the metrics: a taken port costs the control API, not the gateway.
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => {
+                    tracing::info!(listen = %addr, "control API at /v1/healthcheck");
+                    tokio::spawn(crate::control::serve(l, gateway.clone(), rx.clone()));
+                }
+                Err(e) => tracing::error!(listen = %addr, error = %e, "cannot serve the control API"),
+            }
+        }
+
         if let Some(store) = store.clone().filter(|_| node.apisix.enable_admin) {
             let admin = sluice_admin::AdminConfig::from_node_config(&node)?;
             let listener = tokio::net::TcpListener::bind(admin.listen)

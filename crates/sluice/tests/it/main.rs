@@ -7,6 +7,7 @@ mod admin;
 mod balancer;
 mod bodies;
 mod connection;
+mod control;
 mod etcd_outage;
 mod proxy;
 mod reload;
