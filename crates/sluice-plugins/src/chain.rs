@@ -144,6 +144,8 @@ impl Slot {
 pub struct Chain {
     slots: Vec<Slot>,
     mask: PhaseMask,
+    /// Some plugin reads the request body (see [`Plugin::needs_body`]).
+    body: bool,
     id: u64,
     /// A logger's `include_resp_body` (+ `_expr`): the response body is kept for the log phase.
     pub(crate) capture: Option<crate::filters::Capture>,
@@ -230,9 +232,11 @@ impl Chain {
             // The body passes the filters (unchanged) so the log phase can have it.
             mask = mask.union(PhaseMask::of(&[Phase::BodyFilter]));
         }
+        let body = slots.iter().any(|s| s.plugin.needs_body());
         Ok(Some(Arc::new(Chain {
             slots,
             mask,
+            body,
             id: CHAIN_IDS.fetch_add(1, Ordering::Relaxed),
             capture,
         })))
@@ -240,6 +244,12 @@ impl Chain {
 
     pub fn mask(&self) -> PhaseMask {
         self.mask
+    }
+
+    /// Whether the proxy must read the request body before running this chain (a consumer's plugins do not
+    /// count: the body is read before authentication).
+    pub fn needs_body(&self) -> bool {
+        self.body
     }
 
     pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {

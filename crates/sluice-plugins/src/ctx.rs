@@ -96,6 +96,8 @@ pub struct Ctx<'a> {
     pub route_id: &'a str,
     /// The matched route's service id, names and patterns (set by the proxy; `None` in bare unit tests).
     pub route: Option<&'a RouteMeta>,
+    /// The whole request body, when a plugin of the route asked for it ([`crate::Plugin::needs_body`]).
+    pub body: Option<&'a [u8]>,
     /// Set by an auth plugin once it identifies the consumer; read by later plugins (limit-count `consumer_name`).
     pub consumer: Option<Arc<sluice_model::Consumer>>,
     pub edits: Edits,
@@ -127,6 +129,7 @@ impl<'a> Ctx<'a> {
             req,
             route_id,
             route: None,
+            body: None,
             consumer: None,
             edits: Edits::default(),
             resp: RespEdits::default(),
@@ -170,6 +173,12 @@ impl<'a> Ctx<'a> {
     /// Attaches the matched route's [`RouteMeta`].
     pub fn with_route(mut self, meta: &'a RouteMeta) -> Self {
         self.route = Some(meta);
+        self
+    }
+
+    /// Attaches the request body the proxy read for the plugins.
+    pub fn with_body(mut self, body: &'a [u8]) -> Self {
+        self.body = Some(body);
         self
     }
 

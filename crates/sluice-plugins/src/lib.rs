@@ -145,6 +145,11 @@ pub trait Plugin: Send + Sync + 'static {
         Flow::Continue
     }
     fn header_filter(&self, _ctx: &mut Ctx<'_>, _status: u16) {}
+    /// Whether the request body must be read before the request phases (request-validation's `body_schema`):
+    /// the proxy then reads it whole, up to client_max_body_size, and hands it over as [`Ctx::body`].
+    fn needs_body(&self) -> bool {
+        false
+    }
     /// APISIX's body_filter: called per piece of the response body and once with `eof` (see [`BodyChunk`]). A
     /// plugin that changes the body calls `ctx.resp.clear_header_as_body_modified()` in its header_filter; one
     /// that must see the whole body holds pieces in `ctx.body_state` and emits them at eof.

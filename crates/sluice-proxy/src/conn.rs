@@ -25,6 +25,7 @@ use crate::pool::Checkout;
 use crate::server::Worker;
 use crate::snapshot::{CompiledRoute, HashOn, Snapshot, UpstreamRt};
 
+mod plugin_body;
 mod switch;
 
 const BUF_SIZE: usize = 8 * 1024;
@@ -221,8 +222,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             }
         }
         let chains: [Option<&Chain>; 2] = [snap.global.as_deref(), route.plugins.as_deref()];
+        // A plugin that inspects the body (request-validation body_schema) gets it read whole first; it stays in
+        // `rbuf` for the forward. Only chains that ask pay this.
+        let req_body = if chains.iter().flatten().any(|c| c.needs_body()) {
+            match self.read_body_for_plugins(&head).await {
+                Ok(b) => Some(b),
+                Err(e) => return self.refuse(&head, &e).await,
+            }
+        } else {
+            None
+        };
         let mut pctx = if chains.iter().any(Option::is_some) {
-            Some(Ctx::new(&view, &route.id).with_route(&snap.route_meta[idx as usize]))
+            let ctx = Ctx::new(&view, &route.id).with_route(&snap.route_meta[idx as usize]);
+            Some(match &req_body {
+                Some(b) => ctx.with_body(b),
+                None => ctx,
+            })
         } else {
             None
         };

@@ -4,8 +4,8 @@
 
 mod auth;
 mod body;
-mod groups;
 mod delays;
+mod groups;
 mod jwt;
 mod limits;
 mod loggers;
@@ -17,6 +17,7 @@ mod restrict;
 mod rewrite;
 mod scale;
 mod split;
+mod validation;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
