@@ -44,6 +44,8 @@ pub(crate) struct Conn<S> {
     params: Params,
     w: Rc<Worker>,
     shutdown: tokio::sync::watch::Receiver<bool>,
+    /// TLS without the client certificate a `skip_mtls_uri_regex` site asks for: only the paths it lists.
+    mtls_gate: Option<Arc<crate::tls_server::SkipMtls>>,
 }
 
 /// How far one attempt got before it failed: decides whether another node may be tried.
@@ -95,7 +97,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             params: Params::new(),
             w,
             shutdown,
+            mtls_gate: None,
         }
+    }
+
+    pub(crate) fn with_mtls_gate(mut self, gate: Option<Arc<crate::tls_server::SkipMtls>>) -> Self {
+        self.mtls_gate = gate;
+        self
     }
 
     pub(crate) async fn run(mut self) {
@@ -200,6 +208,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
 
     /// Serves one request. `Ok(true)`: the connection may carry another.
     async fn handle(&mut self, snap: &Snapshot, head: RequestHead) -> Result<bool, Error> {
+        if self
+            .mtls_gate
+            .as_ref()
+            .is_some_and(|g| !g.allows(head.slice(head.path)))
+        {
+            let e = Error::downstream(Kind::BadRequest(400), "client certificate required");
+            return self.refuse(&head, &e).await;
+        }
         let client_ip = self.client_ip.clone();
         let view =
             ReqView::new(&head, self.peer, self.local, self.scheme).with_peer_text(&client_ip);

@@ -18,6 +18,7 @@ pub(crate) mod upstream;
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,6 +26,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::server::Worker;
+use crate::tls_server::SkipMtls;
 
 /// The client connection preface (RFC 9113 §3.4).
 pub(crate) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -120,6 +122,19 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     scheme: &'static str,
     w: Rc<Worker>,
 ) {
+    serve_gated(io, peer, local, scheme, w, None).await
+}
+
+/// [`serve`], each stream limited to the paths `gate` allows (a TLS connection without the client certificate
+/// its SNI asks for, see `tls_server::SkipMtls`).
+pub(crate) async fn serve_gated<S: AsyncRead + AsyncWrite + Unpin>(
+    io: S,
+    peer: SocketAddr,
+    local: SocketAddr,
+    scheme: &'static str,
+    w: Rc<Worker>,
+    gate: Option<Arc<SkipMtls>>,
+) {
     let cfg = &w.shared.cfg;
     let mut b = ::h2::server::Builder::new();
     b.max_concurrent_streams(MAX_STREAMS)
@@ -147,11 +162,11 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             r = conn.accept() => match r {
                 Some(Ok((req, respond))) => {
                     idle.as_mut().reset(tokio::time::Instant::now() + keepalive);
-                    let w = w.clone();
+                    let (w, gate) = (w.clone(), gate.clone());
                     let active = active.clone();
                     active.set(active.get() + 1);
                     tokio::task::spawn_local(async move {
-                        bridge::stream(req, respond, peer, local, scheme, w).await;
+                        bridge::stream(req, respond, peer, local, scheme, w, gate).await;
                         active.set(active.get() - 1);
                     });
                 }

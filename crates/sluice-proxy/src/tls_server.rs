@@ -33,14 +33,32 @@ use crate::tls::{certified_key, provider};
 /// ALPN protocols offered on TLS listeners, preferred first (a client that offers none gets HTTP/1.1).
 const ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
 
+/// One enabled `ssls` entry, compiled.
+pub(crate) struct Site {
+    pub config: Arc<ServerConfig>,
+    /// `client.skip_mtls_uri_regex`: the client certificate is optional in the handshake, and a connection without
+    /// one may only request paths these match (others get 400, as APISIX).
+    pub skip_mtls: Option<Arc<SkipMtls>>,
+}
+
+/// The paths a connection without a client certificate may request (unanchored, as APISIX's `ngx.re.find`).
+pub(crate) struct SkipMtls(Vec<regex::Regex>);
+
+impl SkipMtls {
+    pub(crate) fn allows(&self, path: &[u8]) -> bool {
+        let path = std::str::from_utf8(path).unwrap_or("");
+        self.0.iter().any(|r| r.is_match(path))
+    }
+}
+
 /// Compiled `ssls`: SNI -> server configuration.
 #[derive(Default)]
 pub(crate) struct SniTable {
-    exact: AHashMap<Box<str>, Arc<ServerConfig>>,
+    exact: AHashMap<Box<str>, Arc<Site>>,
     /// Keyed by the suffix after `*.` (`*.example.com` -> `example.com`).
-    wildcard: AHashMap<Box<str>, Arc<ServerConfig>>,
+    wildcard: AHashMap<Box<str>, Arc<Site>>,
     /// `*` alone: any name, and clients that send no SNI (APISIX 3.14's catch-all).
-    any: Option<Arc<ServerConfig>>,
+    any: Option<Arc<Site>>,
 }
 
 impl std::fmt::Debug for SniTable {
@@ -59,7 +77,7 @@ impl SniTable {
         // `type: "client"` entries are certificates for upstream mTLS (`tls.client_cert_id`), never served.
         let served = |s: &&Ssl| s.status.unwrap_or(1) == 1 && s.kind.as_deref() != Some("client");
         for s in ssls.iter().filter(served) {
-            let cfg = server_config(s).map_err(|e| format!("ssl {}: {e}", s.id))?;
+            let cfg = site(s).map_err(|e| format!("ssl {}: {e}", s.id))?;
             let mut names: Vec<&str> = s.snis.iter().map(String::as_str).collect();
             names.extend(s.sni.as_deref());
             if names.is_empty() {
@@ -82,11 +100,11 @@ impl SniTable {
 
     /// Exact name first, then a wildcard covering exactly one leftmost label (APISIX's radixtree_sni and RFC 6125
     /// 6.4.3: `*.example.com` matches `a.example.com`, neither `example.com` nor `a.b.example.com`), then `*`.
-    pub(crate) fn lookup(&self, sni: Option<&str>) -> Option<&Arc<ServerConfig>> {
+    pub(crate) fn lookup(&self, sni: Option<&str>) -> Option<&Arc<Site>> {
         sni.and_then(|n| self.lookup_name(n)).or(self.any.as_ref())
     }
 
-    fn lookup_name(&self, sni: &str) -> Option<&Arc<ServerConfig>> {
+    fn lookup_name(&self, sni: &str) -> Option<&Arc<Site>> {
         // SNI is case-insensitive; clients almost always send lowercase, so only fold when needed.
         let lower;
         let sni = if sni.bytes().any(|b| b.is_ascii_uppercase()) {
@@ -113,21 +131,30 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, local: SocketAddr
         let snap = w.shared.snapshot.load();
         let hello = start.client_hello();
         let sni = hello.server_name().or(w.shared.cfg.fallback_sni.as_deref());
-        let cfg = snap.tls.lookup(sni).cloned();
+        let site = snap.tls.lookup(sni).cloned();
         drop(snap);
-        let Some(cfg) = cfg else {
+        let Some(site) = site else {
             return Err(std::io::Error::other(
                 "no certificate for the requested SNI",
             ));
         };
-        start.into_stream(cfg).await
+        let tls = start.into_stream(site.config.clone()).await?;
+        // Without a certificate, a site with skip_mtls_uri_regex serves only the paths it lists.
+        let gate = match tls.get_ref().1.peer_certificates() {
+            Some(_) => None,
+            None => site.skip_mtls.clone(),
+        };
+        Ok((tls, gate))
     };
     match tokio::time::timeout(limit, handshake).await {
-        Ok(Ok(tls)) => {
+        Ok(Ok((tls, gate))) => {
             if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-                crate::h2::serve(tls, peer, local, "https", w).await
+                crate::h2::serve_gated(tls, peer, local, "https", w, gate).await
             } else {
-                Conn::new(tls, peer, local, "https", w).run().await
+                Conn::new(tls, peer, local, "https", w)
+                    .with_mtls_gate(gate)
+                    .run()
+                    .await
             }
         }
         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
@@ -152,7 +179,30 @@ fn session_cache() -> Arc<dyn rustls::server::StoresServerSessions> {
         .clone()
 }
 
-fn server_config(s: &Ssl) -> Result<Arc<ServerConfig>, String> {
+fn site(s: &Ssl) -> Result<Arc<Site>, String> {
+    let skip: Vec<regex::Regex> = match s.client.as_ref().and_then(|c| c.get("skip_mtls_uri_regex"))
+    {
+        None => Vec::new(),
+        Some(v) => v
+            .as_array()
+            .ok_or("client.skip_mtls_uri_regex must be an array")?
+            .iter()
+            .map(|r| {
+                let r = r
+                    .as_str()
+                    .ok_or("client.skip_mtls_uri_regex holds a non-string")?;
+                regex::Regex::new(r).map_err(|e| format!("client.skip_mtls_uri_regex {r:?}: {e}"))
+            })
+            .collect::<Result<_, String>>()?,
+    };
+    let skip_mtls = (!skip.is_empty() && s.client.is_some()).then(|| Arc::new(SkipMtls(skip)));
+    Ok(Arc::new(Site {
+        config: server_config(s, skip_mtls.is_some())?,
+        skip_mtls,
+    }))
+}
+
+fn server_config(s: &Ssl, optional_client_cert: bool) -> Result<Arc<ServerConfig>, String> {
     let mut keys = vec![certified_key(&s.cert, &s.key)?];
     if s.certs.len() != s.keys.len() {
         return Err("certs and keys must have the same length".into());
@@ -163,7 +213,7 @@ fn server_config(s: &Ssl) -> Result<Arc<ServerConfig>, String> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| e.to_string())?;
-    let builder = match client_ca(s)? {
+    let builder = match client_ca(s, optional_client_cert)? {
         Some(verifier) => builder.with_client_cert_verifier(verifier),
         None => builder.with_no_client_auth(),
     };
@@ -175,10 +225,11 @@ fn server_config(s: &Ssl) -> Result<Arc<ServerConfig>, String> {
 }
 
 /// `client.ca` (PEM): client certificates are required and verified against it, through at most `client.depth`
-/// intermediates (default 1, as APISIX and nginx's `ssl_verify_depth`). `client.skip_mtls_uri_regex` is accepted
-/// but not applied: every URI of that SNI requires the certificate (stricter than APISIX, never looser).
+/// intermediates (default 1, as APISIX and nginx's `ssl_verify_depth`). With `optional` (skip_mtls_uri_regex) a
+/// client may send none; one it sends must still verify.
 fn client_ca(
     s: &Ssl,
+    optional: bool,
 ) -> Result<Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>, String> {
     let Some(ca) = s
         .client
@@ -204,9 +255,13 @@ fn client_ca(
             .as_u64()
             .ok_or("client.depth must be a non-negative integer")? as usize,
     };
-    let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-        .build()
-        .map_err(|e| format!("client.ca: {e}"))?;
+    let b = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
+    let b = if optional {
+        b.allow_unauthenticated()
+    } else {
+        b
+    };
+    let v = b.build().map_err(|e| format!("client.ca: {e}"))?;
     Ok(Some(Arc::new(depth::Limited { inner: v, depth })))
 }
 

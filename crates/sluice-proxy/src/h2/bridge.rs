@@ -32,13 +32,18 @@ pub(super) async fn stream(
     local: SocketAddr,
     scheme: &'static str,
     w: Rc<Worker>,
+    gate: Option<std::sync::Arc<crate::tls_server::SkipMtls>>,
 ) {
     let (parts, body) = req.into_parts();
     let is_head = parts.method == http::Method::HEAD;
     let mut head = BytesMut::with_capacity(512);
     let chunked = request_head(&parts, body.is_end_stream(), &mut head);
     let (ours, theirs) = tokio::io::duplex(BRIDGE_BUF);
-    tokio::task::spawn_local(Conn::new(theirs, peer, local, scheme, w.clone()).run());
+    tokio::task::spawn_local(
+        Conn::new(theirs, peer, local, scheme, w.clone())
+            .with_mtls_gate(gate)
+            .run(),
+    );
     let (rd, mut wr) = tokio::io::split(ours);
     let limits = w.shared.cfg.limits;
     let send = async move {

@@ -1,5 +1,5 @@
-//! Node-level TLS listener settings: `apisix.ssl.fallback_sni` (the name assumed when a client sends no SNI) and
-//! the mTLS chain depth limit `client.depth`.
+//! TLS listener settings beyond certificate choice: `apisix.ssl.fallback_sni` (the name assumed when a client sends
+//! no SNI), the mTLS chain depth limit `client.depth`, and `client.skip_mtls_uri_regex` over HTTP/1.1 and h2.
 
 use super::*;
 
@@ -124,4 +124,108 @@ fn client_depth_bounds_the_intermediates_of_a_client_chain() {
     drop(gw);
     let gw = at(Some(2));
     assert!(ok(&gw, &[&two, &mid2, &mid1]), "depth 2: two intermediates");
+}
+
+/// One `GET path` over a fresh TLS connection; the status, or why there was none.
+fn status_of(c: &Client, addr: SocketAddr, sni: &str, path: &str) -> Result<u16, String> {
+    let tcp = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let name = ServerName::try_from(sni.to_string()).unwrap();
+    let conn = rustls::ClientConnection::new(c.cfg.clone(), name).unwrap();
+    let mut s = rustls::StreamOwned::new(conn, tcp);
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(e) if out.is_empty() => return Err(e.to_string()),
+            Err(_) => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&out);
+    text.get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no response: {text:?}"))
+}
+
+#[test]
+fn skip_mtls_uri_regex_lets_listed_paths_through_without_a_certificate() {
+    let ca = Pki::ca("server ca");
+    let srv = ca.leaf(&["skip.test"], ecdsa());
+    let client_ca = Pki::ca("client ca");
+    let good = client_ca.leaf(&["c.test"], ecdsa());
+    let rogue = Pki::ca("rogue").leaf(&["c.test"], ecdsa());
+    let mut m = ssl("1", &["skip.test"], &[&srv]);
+    m["client"] =
+        json!({"ca": client_ca.cert.pem(), "skip_mtls_uri_regex": ["^/public/", "/health$"]});
+    let gw = Gw::start(vec![m]);
+    let anon = client();
+    assert_eq!(status_of(&anon, gw.addr, "skip.test", "/public/a"), Ok(200));
+    assert_eq!(
+        status_of(&anon, gw.addr, "skip.test", "/svc/health"),
+        Ok(200)
+    );
+    assert_eq!(
+        status_of(&anon, gw.addr, "skip.test", "/private"),
+        Ok(400),
+        "other paths need the certificate"
+    );
+    let with_good = client_with(rustls::DEFAULT_VERSIONS, None, Some(&good));
+    assert_eq!(
+        status_of(&with_good, gw.addr, "skip.test", "/private"),
+        Ok(200)
+    );
+    // A certificate that is sent must verify (APISIX answers 400 there; the handshake fails here).
+    let with_rogue = client_with(rustls::DEFAULT_VERSIONS, None, Some(&rogue));
+    assert!(status_of(&with_rogue, gw.addr, "skip.test", "/public/a").is_err());
+    // The same gate on every h2 stream of a connection without a certificate.
+    let statuses = h2_statuses(gw.addr, "skip.test", &["/public/a", "/private"]);
+    assert_eq!(statuses, [200, 400]);
+    // An invalid regex fails the compile.
+    let mut bad = ssl("2", &["bad.test"], &[&srv]);
+    bad["client"] = json!({"ca": client_ca.cert.pem(), "skip_mtls_uri_regex": ["("]});
+    let origin: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let e = Snapshot::compile(&resources(origin, vec![bad]), 1)
+        .err()
+        .unwrap();
+    assert!(e.contains("skip_mtls_uri_regex"), "{e}");
+}
+
+/// The status of a GET per path, as streams of one h2 connection (ALPN h2, no client certificate).
+fn h2_statuses(addr: SocketAddr, sni: &str, paths: &[&str]) -> Vec<u16> {
+    let mut cfg = (*client().cfg).clone();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let name = ServerName::try_from(sni.to_string()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let (client, conn) = h2::client::handshake(tls).await.unwrap();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut out = Vec::new();
+        for p in paths {
+            let mut c = client.clone().ready().await.unwrap();
+            let req = http::Request::get(format!("https://{sni}{p}"))
+                .body(())
+                .unwrap();
+            let (resp, _) = c.send_request(req, true).unwrap();
+            let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+                .await
+                .unwrap()
+                .unwrap();
+            out.push(resp.status().as_u16());
+        }
+        out
+    })
 }
