@@ -205,41 +205,51 @@ impl BucketStore {
     /// `rate` and `burst` in requests per second; the delay is what APISIX would sleep before proxying.
     pub(crate) fn incoming(&self, key: u64, rate: f64, burst: f64) -> Leak {
         let now = now_ms();
-        let max_excess = ((1u64 << EXCESS_BITS) - 1) as f64;
         self.0.with(
             key,
             || AtomicU64::new(0),
             |w| (w.load(Ordering::Relaxed) >> EXCESS_BITS) + 60_000 > now,
-            |w| {
-                let mut cur = w.load(Ordering::Acquire);
-                loop {
-                    let (last, excess) = (cur >> EXCESS_BITS, cur & ((1 << EXCESS_BITS) - 1));
-                    let elapsed = if last == 0 {
-                        0
-                    } else {
-                        now.saturating_sub(last)
-                    };
-                    let drained = rate * UNIT as f64 * elapsed as f64 / 1000.0;
-                    let next_excess = if last == 0 {
-                        0.0
-                    } else {
-                        (excess as f64 - drained + UNIT as f64).max(0.0)
-                    };
-                    if next_excess > burst * UNIT as f64 {
-                        return Err(());
-                    }
-                    let stored = next_excess.min(max_excess) as u64;
-                    let next = (now << EXCESS_BITS) | stored;
-                    if w.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
-                        return Ok((next_excess / UNIT as f64 / rate * 1000.0) as u64);
-                    }
-                    cur = w.load(Ordering::Acquire);
-                }
-            },
+            |w| leak(w, now, rate, burst),
         )
     }
+}
+
+/// One leaky-bucket step on a bucket word (last request ms << 24 | excess in 1/256 requests; 0: never used).
+pub(crate) fn leak(w: &AtomicU64, now: u64, rate: f64, burst: f64) -> Leak {
+    let max_excess = ((1u64 << EXCESS_BITS) - 1) as f64;
+    let mut cur = w.load(Ordering::Acquire);
+    loop {
+        let (last, excess) = (cur >> EXCESS_BITS, cur & ((1 << EXCESS_BITS) - 1));
+        let elapsed = if last == 0 {
+            0
+        } else {
+            now.saturating_sub(last)
+        };
+        let drained = rate * UNIT as f64 * elapsed as f64 / 1000.0;
+        let next_excess = if last == 0 {
+            0.0
+        } else {
+            (excess as f64 - drained + UNIT as f64).max(0.0)
+        };
+        if next_excess > burst * UNIT as f64 {
+            return Err(());
+        }
+        let stored = next_excess.min(max_excess) as u64;
+        let next = (now << EXCESS_BITS) | stored;
+        if w.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return Ok((next_excess / UNIT as f64 / rate * 1000.0) as u64);
+        }
+        cur = w.load(Ordering::Acquire);
+    }
+}
+
+/// Sets a bucket word to `excess` requests at `now` (a cluster-wide value learnt from Redis).
+pub(crate) fn rebase(w: &AtomicU64, now: u64, excess: f64) {
+    let max_excess = ((1u64 << EXCESS_BITS) - 1) as f64;
+    let stored = (excess * UNIT as f64).clamp(0.0, max_excess) as u64;
+    w.store((now << EXCESS_BITS) | stored, Ordering::Release);
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@ pub struct Shared {
     pub(crate) buckets: Arc<BucketStore>,
     /// limit-count's Redis backends and their sync threads.
     pub(crate) remote: Arc<crate::limit_count::remote::RemoteStore>,
+    /// limit-req's Redis backends and their sync threads.
+    pub(crate) req_remote: Arc<crate::limit_req::remote::RemoteBuckets>,
     /// file-logger's writer threads.
     pub(crate) writers: Arc<crate::file_logger::Writers>,
     /// http-logger's batch senders.

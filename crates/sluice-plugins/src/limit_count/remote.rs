@@ -111,13 +111,18 @@ impl Syncer {
     }
 }
 
-enum Conn {
+/// A blocking connection to one Redis or a Redis Cluster (sync threads only; also limit-req's).
+pub(crate) enum Conn {
     Single(redis::Connection),
     Cluster(redis::cluster::ClusterConnection),
 }
 
 impl Conn {
-    fn open(b: &Backend, timeout: Duration, password: Option<&str>) -> redis::RedisResult<Conn> {
+    pub(crate) fn open(
+        b: &Backend,
+        timeout: Duration,
+        password: Option<&str>,
+    ) -> redis::RedisResult<Conn> {
         match b {
             Backend::Single { url } => {
                 let c = redis::Client::open(url.as_str())?;
@@ -135,6 +140,16 @@ impl Conn {
                 }
                 Ok(Conn::Cluster(builder.build()?.get_connection()?))
             }
+        }
+    }
+
+    pub(crate) fn query<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Conn::Single(c) => cmd.query(c),
+            Conn::Cluster(c) => cmd.query(c),
         }
     }
 

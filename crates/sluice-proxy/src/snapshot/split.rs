@@ -24,6 +24,9 @@ impl Splits {
     }
 }
 
+/// Compiles (or keeps across reloads) an upstream runtime under a key: `compile_next`'s `runtime`.
+type Runtime<'r> = dyn FnMut(String, &Upstream) -> Result<Arc<UpstreamRt>, String> + 'r;
+
 /// APISIX's traffic-split gives an inline upstream 15 s connect/send/read unless it sets `timeout`.
 const INLINE_TIMEOUT: Timeout = Timeout {
     connect: 15.0,
@@ -35,7 +38,7 @@ pub(super) fn compile(
     routes: &[CompiledRoute],
     res: &Resources,
     shared_ups: &AHashMap<&str, Arc<UpstreamRt>>,
-    runtime: &mut dyn FnMut(String, &Upstream) -> Result<Arc<UpstreamRt>, String>,
+    runtime: &mut Runtime<'_>,
 ) -> Result<Splits, String> {
     let mut out = AHashMap::new();
     let mut by_id: Option<AHashMap<&str, Option<Timeout>>> = None;

@@ -13,6 +13,7 @@ mod meta;
 mod metrics;
 mod mirror;
 mod redis;
+mod req_redis;
 mod restrict;
 mod rewrite;
 mod scale;

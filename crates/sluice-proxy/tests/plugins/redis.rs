@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 
 use crate::{route, Gw, Origin};
 
-struct Redis {
-    port: u16,
+pub(crate) struct Redis {
+    pub(crate) port: u16,
     child: Child,
     _dir: TempDir,
 }
@@ -34,7 +34,7 @@ impl Drop for TempDir {
     }
 }
 
-fn have_redis() -> bool {
+pub(crate) fn have_redis() -> bool {
     let ok = Command::new("redis-server")
         .arg("--version")
         .stdout(Stdio::null())
@@ -47,7 +47,7 @@ fn have_redis() -> bool {
 }
 
 /// A free port whose cluster bus port (+10000) is free too.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     for _ in 0..200 {
         let p = TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -70,7 +70,7 @@ fn ping(port: u16) -> bool {
     c.write_all(b"PING\r\n").is_ok() && c.read(&mut b).is_ok_and(|n| b[..n].starts_with(b"+PONG"))
 }
 
-fn start_redis(cluster: bool) -> Redis {
+pub(crate) fn start_redis(cluster: bool) -> Redis {
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("sluice-redis-{port}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -114,7 +114,7 @@ fn start_redis(cluster: bool) -> Redis {
     r
 }
 
-fn start_cluster() -> Vec<Redis> {
+pub(crate) fn start_cluster() -> Vec<Redis> {
     let nodes: Vec<Redis> = (0..3).map(|_| start_redis(true)).collect();
     let addrs: Vec<String> = nodes
         .iter()
