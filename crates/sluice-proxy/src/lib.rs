@@ -26,4 +26,4 @@ pub use accept::ListenerKind;
 pub use error::{Error, Side};
 pub use listen::{listen_addrs, DEFAULT_TLS_PORT};
 pub use server::{Gateway, Listeners, NodeHealth, ProxyConfig, Running, UpstreamHealth};
-pub use snapshot::Snapshot;
+pub use snapshot::{Prepared, Snapshot};

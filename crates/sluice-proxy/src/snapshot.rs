@@ -172,6 +172,19 @@ impl Snapshot {
         shared: &Shared,
         prev: Option<&Snapshot>,
     ) -> Result<Snapshot, String> {
+        Self::prepare_next(res, revision, shared, prev)?.finish()
+    }
+
+    /// [`Snapshot::compile_next`] up to, not including, the router over every route: it validates everything
+    /// (the routes compiled afresh go through the router's checks on their own, since its errors are per route),
+    /// so the Admin API's dry run gets its verdict without the one step whose cost grows with the route count;
+    /// [`Prepared::finish`] builds the router when the result is published.
+    pub fn prepare_next(
+        res: &Resources,
+        revision: u64,
+        shared: &Shared,
+        prev: Option<&Snapshot>,
+    ) -> Result<Prepared, String> {
         let mut upstreams: AHashMap<Box<str>, Arc<UpstreamRt>> = AHashMap::new();
         let ssls: tls::SslsById = res.ssls.iter().map(|s| (s.id.0.as_str(), s)).collect();
         let mut runtime = |key: String, u: &Upstream| -> Result<Arc<UpstreamRt>, String> {
@@ -220,6 +233,8 @@ impl Snapshot {
         let mut cache = reuse::Builder::new(prev.map(|p| &p.reuse), res, shared);
         // Inline upstreams of reused routes, registered once `runtime` is done with `upstreams`.
         let mut kept_inline: Vec<(Box<str>, Arc<UpstreamRt>)> = Vec::new();
+        // Routes compiled afresh, for the router's per-route checks.
+        let (mut fresh, mut fresh_ids) = (Vec::new(), Vec::new());
         for r in res.routes.iter().filter(|r| r.enabled()) {
             route_meta.push(route_meta_of(r, &services));
             if let Some((spec, compiled, inline)) = cache.reuse(r, &shared_ups, routes.len() as u32)
@@ -297,26 +312,33 @@ impl Snapshot {
                 None => eff.upstream_id.as_ref().map(|i| i.0.clone()),
             };
             cache.record(r, upstream_id, &spec, &compiled);
+            fresh.push(spec.clone());
+            fresh_ids.push(compiled.id.clone());
             specs.push(spec);
             routes.push(compiled);
         }
         let splits = split::compile(&routes, res, &shared_ups, &mut runtime)?;
         upstreams.extend(kept_inline);
-        let router = Router::build(specs).map_err(|e| {
-            let id = routes.get(e.index).map_or("?", |r| &r.id);
+        Router::build(fresh).map_err(|e| {
+            let id = fresh_ids.get(e.index).map_or("?", |id| &**id);
             format!("route {id}: {}", e.reason)
         })?;
+        let router = Router::build(Vec::new())
+            .unwrap_or_else(|_| unreachable!("an empty router always builds"));
         let tls = SniTable::compile(&res.ssls)?;
-        Ok(Snapshot {
-            revision,
-            router,
-            routes,
-            route_meta,
-            global,
-            upstreams,
-            tls,
-            reuse: cache.next,
-            splits,
+        Ok(Prepared {
+            specs,
+            snap: Snapshot {
+                revision,
+                router,
+                routes,
+                route_meta,
+                global,
+                upstreams,
+                tls,
+                reuse: cache.next,
+                splits,
+            },
         })
     }
 }
@@ -339,6 +361,24 @@ fn route_meta_of(
         service_name: service.and_then(|s| s.name.as_deref()).map(Into::into),
         matched_uri: r.all_uris().first().map_or("", String::as_str).into(),
         matched_host: host.unwrap_or("").into(),
+    }
+}
+
+/// A compiled configuration still missing its router (see [`Snapshot::prepare_next`]).
+pub struct Prepared {
+    snap: Snapshot,
+    specs: Vec<RouteSpec<u32>>,
+}
+
+impl Prepared {
+    /// Builds the router over every route and returns the snapshot to publish.
+    pub fn finish(self) -> Result<Snapshot, String> {
+        let Prepared { mut snap, specs } = self;
+        snap.router = Router::build(specs).map_err(|e| {
+            let id = snap.routes.get(e.index).map_or("?", |r| &*r.id);
+            format!("route {id}: {}", e.reason)
+        })?;
+        Ok(snap)
     }
 }
 

@@ -1,24 +1,26 @@
 //! Live apply: turns each configuration a provider publishes into the data plane's next snapshot, compiling
-//! each accepted write once. The Admin API's dry run compiles the candidate as the successor of the serving
-//! snapshot (so unchanged routes are reused, see `sluice_proxy::Snapshot::compile_next`) and keeps that compile
-//! under a token; when the store publishes exactly that candidate (same token), the applier publishes the kept
-//! compile instead of compiling again. Anything else (etcd watch events, a candidate that lost a race) compiles
-//! as the successor of the serving snapshot. Writes that land during one compile coalesce: the applier only
-//! ever looks at the newest published configuration. Not here: the providers and the Admin API themselves.
+//! each accepted write once. The Admin API's dry run prepares the candidate as the successor of the serving
+//! snapshot (unchanged routes are reused and only fresh ones validated by the router, see
+//! `sluice_proxy::Snapshot::prepare_next`) and keeps it under a token; when the store publishes exactly that
+//! candidate (same token), the applier finishes the kept one (the router over every route) instead of compiling
+//! again. Anything else (etcd watch events, a candidate that lost a race) compiles as the successor of the
+//! serving snapshot. The applier works off the control thread and only ever looks at the newest published
+//! configuration, so writes that land during one router build are applied by the next one together. Not here:
+//! the providers and the Admin API themselves.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use sluice_model::Resources;
 use sluice_plugins::Shared;
-use sluice_proxy::{Gateway, Snapshot};
+use sluice_proxy::{Gateway, Prepared, Snapshot};
 use sluice_store::{ConfigRx, Versioned};
 
 pub struct Applier {
     shared: Arc<Shared>,
     gateway: Gateway,
-    /// The newest dry-run compile, by token.
-    kept: Mutex<Option<(u64, Snapshot)>>,
+    /// The newest dry run's prepared compile, by token.
+    kept: Mutex<Option<(u64, Prepared)>>,
     tokens: AtomicU64,
 }
 
@@ -32,14 +34,14 @@ impl Applier {
         })
     }
 
-    fn kept(&self) -> MutexGuard<'_, Option<(u64, Snapshot)>> {
+    fn kept(&self) -> MutexGuard<'_, Option<(u64, Prepared)>> {
         self.kept.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The Admin API's dry run: compiles `res` with the live plugin state and keeps the result; returns its token.
+    /// The Admin API's dry run: prepares `res` with the live plugin state and keeps the result; returns its token.
     pub fn dry_run(&self, res: &Resources) -> Result<u64, String> {
         let prev = self.gateway.snapshot();
-        let snap = Snapshot::compile_next(res, 0, &self.shared, Some(&prev))?;
+        let snap = Snapshot::prepare_next(res, 0, &self.shared, Some(&prev))?;
         let token = self.tokens.fetch_add(1, Ordering::Relaxed) + 1;
         *self.kept() = Some((token, snap));
         Ok(token)
@@ -51,7 +53,9 @@ impl Applier {
         if v.token != 0 {
             let mut kept = self.kept();
             match kept.take() {
-                Some((t, mut s)) if t == v.token => {
+                Some((t, p)) if t == v.token => {
+                    drop(kept);
+                    let mut s = p.finish()?;
                     s.revision = v.revision;
                     return Ok((s, true));
                 }
@@ -71,7 +75,14 @@ impl Applier {
             // Only the newest value: writes that landed meanwhile are applied together.
             let v = rx.borrow_and_update().clone();
             let t0 = std::time::Instant::now();
-            match self.next_snapshot(&v) {
+            // Off the control thread: the Admin API keeps answering (and writes keep landing) meanwhile.
+            let me = self.clone();
+            let vv = v.clone();
+            let next = match tokio::task::spawn_blocking(move || me.next_snapshot(&vv)).await {
+                Ok(r) => r,
+                Err(e) => Err(format!("applier task failed: {e}")),
+            };
+            match next {
                 Ok((s, reused)) => {
                     let routes = s.route_count();
                     self.gateway.publish(s);

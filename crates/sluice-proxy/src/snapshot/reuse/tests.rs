@@ -111,3 +111,31 @@ fn other_plugin_state_or_errors_never_reuse() {
         "{e}"
     );
 }
+
+#[test]
+fn prepare_validates_fresh_routes_and_finish_builds_the_router() {
+    let shared = Shared::default();
+    let v0 = base();
+    let s0 = Snapshot::compile_with(&res(v0.clone()), 1, &shared).expect("compile");
+    // A fresh route the router refuses fails the preparation, named, while the others are reused.
+    let mut bad = v0.clone();
+    bad["routes"][1] = route("2", "/b", json!({"remote_addrs": ["999.1.1.1"]}));
+    let e = Snapshot::prepare_next(&res(bad), 2, &shared, Some(&s0))
+        .err()
+        .expect("bad remote_addrs");
+    assert!(e.starts_with("route 2: "), "{e}");
+    // A good one prepares, and finishing gives the same routes in the same order as a full compile.
+    let mut good = v0;
+    good["routes"][1] = route("2", "/b3", json!({}));
+    let p = Snapshot::prepare_next(&res(good.clone()), 2, &shared, Some(&s0)).expect("prepare");
+    let s = p.finish().expect("finish");
+    let full = Snapshot::compile_with(&res(good), 2, &Shared::default()).expect("compile");
+    let ids = |s: &Snapshot| {
+        s.routes
+            .iter()
+            .map(|r| r.id.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&s), ids(&full));
+    assert_eq!(s.router.len(), 4);
+}
