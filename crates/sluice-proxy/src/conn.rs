@@ -276,15 +276,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 return self.respond_plugin(&head, r, ctx, &chains, req_start).await;
             }
         }
-        // A plugin (traffic-split) may have picked another upstream: its sibling of this route.
-        let route = match pctx.as_ref().and_then(Ctx::picked_upstream) {
-            Some(i) => snap.splits.get(idx, i).unwrap_or(route),
+        // Plugin decisions on the way upstream (one branch on the no-plugin path): a copy for a mirror
+        // (proxy-mirror), another upstream (traffic-split: the route's sibling with that upstream).
+        let route = match pctx.as_mut() {
             None => route,
+            Some(ctx) => {
+                if let Some(m) = ctx.take_mirror() {
+                    self.mirror(m, &head).await;
+                }
+                ctx.picked_upstream()
+                    .and_then(|i| snap.splits.get(idx, i))
+                    .unwrap_or(route)
+            }
         };
         let up: &UpstreamRt = &route.upstream;
-        if let Some(m) = pctx.as_mut().and_then(Ctx::take_mirror) {
-            self.mirror(m, &head).await;
-        }
         let consumer = pctx.as_ref().and_then(|c| c.consumer.clone());
         let hash_key = hash_key(up, &view, consumer.as_deref().map(|c| c.username.as_str()));
         let host = view.host.as_deref();
