@@ -161,3 +161,28 @@ fn configuration_errors() {
     .expect("refused");
     assert!(e.contains("routes only"), "{e}");
 }
+
+#[test]
+fn inline_upstreams_behave_as_route_upstreams() {
+    let (a, b) = (Origin::start(), Origin::start());
+    // Nothing listens on a port just released: a connect failure there is retried on the other node.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let gw = Gw::start(
+        json!({"routes": [route("r1", "/hello", &a, json!({"traffic-split": {"rules": [{
+            "weighted_upstreams": [{"weight": 1, "upstream": {
+                "type": "roundrobin",
+                "nodes": {dead.to_string(): 1, b.addr.to_string(): 1},
+                "pass_host": "rewrite", "upstream_host": "split.example"
+            }}]
+        }]}}))]}),
+    );
+    for _ in 0..4 {
+        assert_eq!(gw.get("/hello", &[]).status, 200);
+    }
+    assert_eq!(b.count(), 4);
+    assert_eq!(a.count(), 0);
+    assert_eq!(b.last().header("host"), Some("split.example"));
+}
