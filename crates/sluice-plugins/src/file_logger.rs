@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::log_entry::{entry, Format};
+use crate::log_entry::{entry, with_req_body, Format};
 use crate::registry::Entry;
 use crate::util::parse;
 use crate::{CompileEnv, Ctx, LogInfo, Phase, PhaseMask, Plugin};
@@ -48,6 +48,8 @@ fn schema() -> Value {
 struct Conf {
     path: String,
     log_format: Option<Value>,
+    #[serde(default)]
+    include_req_body: bool,
 }
 
 fn check(v: &Value) -> Result<(), String> {
@@ -97,6 +99,7 @@ impl Writers {
 struct FileLogger {
     tx: SyncSender<String>,
     format: Option<Format>,
+    include_req_body: bool,
     writers: Arc<Writers>,
 }
 
@@ -105,6 +108,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     Ok(Arc::new(FileLogger {
         tx: env.shared.writers.sender(&c.path)?,
         format: Format::resolve(c.log_format.as_ref(), env, NAME)?,
+        include_req_body: c.include_req_body,
         writers: env.shared.writers.clone(),
     }))
 }
@@ -119,8 +123,15 @@ impl Plugin for FileLogger {
     fn phases(&self) -> PhaseMask {
         PhaseMask::of(&[Phase::Log])
     }
+    fn needs_body(&self) -> bool {
+        self.include_req_body
+    }
     fn log(&self, ctx: &Ctx<'_>, info: &LogInfo) {
-        let mut line = entry(ctx, info, self.format.as_ref()).to_string();
+        let mut e = entry(ctx, info, self.format.as_ref());
+        if self.include_req_body {
+            with_req_body(&mut e, ctx);
+        }
+        let mut line = e.to_string();
         line.push('\n');
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(line) {
             self.writers.dropped.fetch_add(1, Ordering::Relaxed);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::log_entry::{entry, Format};
+use crate::log_entry::{entry, with_req_body, Format};
 use crate::registry::Entry;
 use crate::util::parse;
 use crate::{CompileEnv, Ctx, LogInfo, Phase, PhaseMask, Plugin};
@@ -64,6 +64,8 @@ struct Conf {
     #[serde(default = "three")]
     timeout: u64,
     log_format: Option<Value>,
+    #[serde(default)]
+    include_req_body: bool,
     #[serde(default = "json_method")]
     concat_method: String,
     #[serde(default = "thousand")]
@@ -239,6 +241,7 @@ fn send(c: &Conf, batch: &[Value]) -> Result<(), String> {
 struct HttpLogger {
     tx: SyncSender<Value>,
     format: Option<Format>,
+    include_req_body: bool,
 }
 
 fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
@@ -247,6 +250,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     Ok(Arc::new(HttpLogger {
         tx: env.shared.batches.sender(v.to_string(), &c)?,
         format: Format::resolve(c.log_format.as_ref(), env, NAME)?,
+        include_req_body: c.include_req_body,
     }))
 }
 
@@ -260,7 +264,14 @@ impl Plugin for HttpLogger {
     fn phases(&self) -> PhaseMask {
         PhaseMask::of(&[Phase::Log])
     }
+    fn needs_body(&self) -> bool {
+        self.include_req_body
+    }
     fn log(&self, ctx: &Ctx<'_>, info: &LogInfo) {
-        let _ = self.tx.try_send(entry(ctx, info, self.format.as_ref()));
+        let mut e = entry(ctx, info, self.format.as_ref());
+        if self.include_req_body {
+            with_req_body(&mut e, ctx);
+        }
+        let _ = self.tx.try_send(e);
     }
 }

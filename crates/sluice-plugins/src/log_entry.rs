@@ -3,7 +3,8 @@
 //! plugin_metadata, as APISIX's `log-util.get_log_entry`). A custom value starting with `$` is that variable
 //! (absent when unset), any other value is a literal; `route_id` and `service_id` are added, as APISIX does.
 //! Built in the log phase, after the response was sent; the response part carries the headers as sent and, with
-//! `include_resp_body`, the body (`response_part`); request bodies are left out (`include_req_body`).
+//! `include_resp_body`, the body (`response_part`); with `include_req_body` the request body the proxy read for the
+//! logger ([`with_req_body`]).
 
 use serde_json::{json, Map, Value};
 use sluice_router::Var;
@@ -150,4 +151,12 @@ fn response_part(ctx: &Ctx<'_>, info: &LogInfo) -> Value {
         r["body"] = json!(String::from_utf8_lossy(body));
     }
     r
+}
+
+/// `include_req_body`: the request body (read whole because the logger asked, see `Plugin::needs_body`) as
+/// `request.body` of a full entry, as APISIX's `get_full_log`; custom formats are left as they are.
+pub(crate) fn with_req_body(e: &mut Value, ctx: &Ctx<'_>) {
+    if let (Some(body), Some(req)) = (ctx.body, e.get_mut("request")) {
+        req["body"] = json!(String::from_utf8_lossy(body));
+    }
 }

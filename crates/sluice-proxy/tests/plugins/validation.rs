@@ -180,3 +180,43 @@ fn schema_errors_in_the_plugin_config_are_refused() {
         .expect("refused");
     assert!(e.contains("request-validation"), "{e}");
 }
+
+#[test]
+fn loggers_include_req_body_reads_the_body_for_the_log() {
+    let o = Origin::start();
+    let path = std::env::temp_dir().join(format!("sluice-req-body-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let p = path.to_str().unwrap();
+    let gw = Gw::start(json!({"routes": [
+        route("r1", "/with", &o, json!({"file-logger": {"path": p, "include_req_body": true}})),
+        route("r2", "/without", &o, json!({"file-logger": {"path": p}}))
+    ]}));
+    let r = request(gw.addr, "POST", "/with", &[], r#"{"k": "v"}"#);
+    assert_eq!(r.status, 200);
+    assert_eq!(o.last().body, r#"{"k": "v"}"#, "still forwarded");
+    assert_eq!(
+        request(gw.addr, "POST", "/without", &[], "secret").status,
+        200
+    );
+    let mut lines: Vec<serde_json::Value> = Vec::new();
+    let t0 = std::time::Instant::now();
+    while lines.len() < 2 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+        lines = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+    }
+    let with = lines
+        .iter()
+        .find(|l| l["route_id"] == "r1")
+        .expect("r1 line");
+    assert_eq!(with["request"]["body"], r#"{"k": "v"}"#, "{with}");
+    let without = lines
+        .iter()
+        .find(|l| l["route_id"] == "r2")
+        .expect("r2 line");
+    assert!(without["request"].get("body").is_none(), "{without}");
+    let _ = std::fs::remove_file(&path);
+}
