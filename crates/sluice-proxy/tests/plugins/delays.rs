@@ -224,3 +224,53 @@ fn fault_injection_delay_schema_errors() {
         assert!(e.contains(want), "{e}");
     }
 }
+
+#[test]
+fn limit_conn_defaults_and_error_shapes() {
+    let o = Origin::start();
+    // Default rejected_code 503 with nginx's page; rejected_msg as {"error_msg": ...}.
+    for (extra, status, body) in [
+        (json!({}), 503, "503 Service Temporarily Unavailable"),
+        (
+            json!({"rejected_code": 429, "rejected_msg": "too many"}),
+            429,
+            "{\"error_msg\":\"too many\"}",
+        ),
+    ] {
+        let mut conf = json!({"conn": 1, "burst": 0, "default_conn_delay": 0.1,
+                              "key": "$remote_addr $http_x_user", "key_type": "var_combination"});
+        for (k, v) in extra.as_object().unwrap() {
+            conf[k] = v.clone();
+        }
+        let g = gw(&o, "/*", json!({"limit-conn": conf}));
+        let g2 = g.clone();
+        let slow = std::thread::spawn(move || g2.get("/slow", &[("X-User", "a")]).status);
+        std::thread::sleep(Duration::from_millis(150));
+        let r = g.get("/hello", &[("X-User", "a")]);
+        assert_eq!(r.status, status);
+        assert!(r.body.contains(body), "{}", r.body);
+        // Another key has its own slot.
+        assert_eq!(g.get("/hello", &[("X-User", "b")]).status, 200);
+        assert_eq!(slow.join().unwrap(), 200);
+    }
+    for (conf, want) in [
+        (
+            json!({"conn": 1, "burst": 0, "key": "remote_addr"}),
+            "default_conn_delay",
+        ),
+        (
+            json!({"conn": 0, "burst": 0, "default_conn_delay": 0.1, "key": "remote_addr"}),
+            "conn",
+        ),
+        (
+            json!({"conn": 1, "burst": 0, "default_conn_delay": 0, "key": "remote_addr"}),
+            "default_conn_delay",
+        ),
+    ] {
+        let e =
+            Gw::try_start(json!({"routes": [route("r1", "/a", &o, json!({"limit-conn": conf}))]}))
+                .err()
+                .expect("refused");
+        assert!(e.contains("limit-conn") && e.contains(want), "{want}: {e}");
+    }
+}
