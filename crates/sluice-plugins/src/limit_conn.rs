@@ -41,7 +41,8 @@ fn schema() -> Value {
             "key_type": {"type": "string", "enum": ["var", "var_combination"], "default": "var"},
             "rejected_code": {"type": "integer", "minimum": 200, "maximum": 599, "default": 503},
             "rejected_msg": {"type": "string", "minLength": 1},
-            "allow_degradation": {"type": "boolean", "default": false}
+            "allow_degradation": {"type": "boolean", "default": false},
+            "policy": {"type": "string", "enum": ["local", "redis", "redis-cluster"], "default": "local"}
         },
         "required": ["conn", "burst", "default_conn_delay", "key"]
     })
@@ -63,7 +64,12 @@ struct Conf {
 }
 
 fn check(v: &Value) -> Result<(), String> {
-    parse::<Conf>(&schema(), v).map(drop)
+    parse::<Conf>(&schema(), v)?;
+    // APISIX 3.11+ counts in Redis too; refused rather than silently counted per node.
+    match v.get("policy").and_then(Value::as_str) {
+        None | Some("local") => Ok(()),
+        Some(p) => Err(format!("policy {p} is not supported yet (local only)")),
+    }
 }
 
 /// One occupied slot; dropping it frees the slot and, for an adaptive delay, feeds the request's latency back.

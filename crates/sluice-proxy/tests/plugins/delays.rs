@@ -266,6 +266,11 @@ fn limit_conn_defaults_and_error_shapes() {
             json!({"conn": 1, "burst": 0, "default_conn_delay": 0, "key": "remote_addr"}),
             "default_conn_delay",
         ),
+        (
+            json!({"conn": 1, "burst": 0, "default_conn_delay": 0.1, "key": "remote_addr",
+                   "policy": "redis"}),
+            "policy redis is not supported",
+        ),
     ] {
         let e =
             Gw::try_start(json!({"routes": [route("r1", "/a", &o, json!({"limit-conn": conf}))]}))
