@@ -26,6 +26,7 @@ use crate::server::Worker;
 use crate::snapshot::{CompiledRoute, HashOn, Snapshot, UpstreamRt};
 
 mod plugin_body;
+mod mirror;
 mod switch;
 
 const BUF_SIZE: usize = 8 * 1024;
@@ -454,32 +455,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             chain.log(ctx, &info);
         }
         Ok(keep)
-    }
-
-    /// proxy-mirror: reads a small body into `rbuf` (the forward then finds it there, as if just received) and
-    /// hands a copy of the request to the mirror's task. Whatever goes wrong here is left to the forward.
-    async fn mirror(&mut self, m: sluice_plugins::Mirror, head: &RequestHead) {
-        let body = match head.body {
-            BodyKind::Empty => bytes::Bytes::new(),
-            BodyKind::Length(n)
-                if n <= crate::mirror::MAX_BODY
-                    && !head.expect_continue
-                    && crate::mirror::has_room() =>
-            {
-                let n = n as usize;
-                while self.rbuf.len() < n {
-                    self.rbuf.reserve(n - self.rbuf.len());
-                    let read = self.io.read_buf(&mut self.rbuf);
-                    match tokio::time::timeout(self.w.shared.cfg.header_timeout, read).await {
-                        Ok(Ok(k)) if k > 0 => {}
-                        _ => return crate::mirror::skip("request body not received"),
-                    }
-                }
-                bytes::Bytes::copy_from_slice(&self.rbuf[..n])
-            }
-            _ => return crate::mirror::skip("body not mirrored"),
-        };
-        crate::mirror::send(m, head, body);
     }
 
     /// Answers without contacting an upstream. An unread request body means the connection must close.

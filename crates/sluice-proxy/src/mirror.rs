@@ -2,8 +2,9 @@
 //! hop-by-hop fields dropped, `Connection: close`) at the plugin's target, plus the body, written to the mirror
 //! on a task of its own; the mirror's answer is read and dropped. The main request never waits for it and never
 //! sees its failures. Bounded: at most [`MAX_IN_FLIGHT`] copies per worker thread are in flight (a slow or dead
-//! mirror makes further copies be skipped, not queued), each with [`MAX_BODY`] bytes of body at most and
-//! [`TIMEOUT`] to finish. Not here: deciding which requests are mirrored (the plugin), reading the body (conn.rs).
+//! mirror makes further copies be skipped, not queued), each with [`MAX_BODY`] bytes of body at most (a chunked
+//! body is sent decoded, with Content-Length) and [`TIMEOUT`] to finish. Not here: deciding which requests are
+//! mirrored (the plugin), reading the body (conn.rs).
 
 use std::cell::Cell;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Copies in flight per worker thread.
 pub(crate) const MAX_IN_FLIGHT: usize = 64;
-/// Larger (and chunked) request bodies are not mirrored.
+/// Larger request bodies (decoded size for chunked ones) are not mirrored.
 pub(crate) const MAX_BODY: u64 = 1 << 20;
 /// Connect, send and read of one copy.
 const TIMEOUT: Duration = Duration::from_secs(30);

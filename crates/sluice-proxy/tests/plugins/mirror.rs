@@ -181,3 +181,70 @@ fn configuration_errors() {
         );
     }
 }
+
+/// An origin for chunked requests (the shared test origin reads Content-Length bodies only): answers `ok` once
+/// the last chunk arrived and records the raw body.
+fn chunked_origin() -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {
+    use std::io::{Read, Write};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.ends_with(b"\r\n0\r\n\r\n") {
+                match c.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                }
+            }
+            let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
+            let _ =
+                c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        }
+    });
+    (addr, rx)
+}
+
+#[test]
+fn chunked_bodies_are_mirrored_decoded() {
+    use std::io::{Read, Write};
+    let (main, raw) = chunked_origin();
+    let mirror = Origin::start();
+    let g = Gw::start(json!({"routes": [{
+        "id": "r1", "uri": "/*",
+        "plugins": {"proxy-mirror": {"host": format!("http://{}", mirror.addr)}},
+        "upstream": {"type": "roundrobin", "nodes": {main.to_string(): 1}}
+    }]}));
+    let mut c = std::net::TcpStream::connect(g.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(
+        b"POST /up HTTP/1.1\r\nHost: test.local\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+          5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    )
+    .unwrap();
+    let mut resp = Vec::new();
+    let _ = c.read_to_end(&mut resp);
+    assert!(
+        resp.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&resp)
+    );
+    // The upstream got the chunked body; the mirror got it decoded, with a Content-Length.
+    let up = raw.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(
+        up.contains("Transfer-Encoding: chunked") && up.contains("hello") && up.contains(" world"),
+        "{up}"
+    );
+    let seen = wait_for(&mirror, 1);
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        (seen[0].method.as_str(), seen[0].body.as_str()),
+        ("POST", "hello world")
+    );
+    assert_eq!(seen[0].header("content-length"), Some("11"));
+    assert_eq!(seen[0].header("transfer-encoding"), None);
+}
