@@ -25,8 +25,8 @@ use crate::pool::Checkout;
 use crate::server::Worker;
 use crate::snapshot::{CompiledRoute, HashOn, Snapshot, UpstreamRt};
 
-mod plugin_body;
 mod mirror;
+mod plugin_body;
 mod switch;
 
 const BUF_SIZE: usize = 8 * 1024;
