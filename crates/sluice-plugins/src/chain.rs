@@ -270,14 +270,25 @@ impl Chain {
         self.slots.iter().any(|s| s.name == name)
     }
 
-    /// Runs rewrite, then access, then before_proxy over all plugins, stopping at the first response.
+    /// Runs rewrite, then access, then before_proxy over all plugins, stopping at the first response. A hook that
+    /// asks for a delay ([`Ctx::add_delay`]) pauses the run: it returns `Flow::Continue` with [`Ctx::paused`]
+    /// set, the proxy sleeps the delay, and the next call resumes after that hook (hook positions up to
+    /// `ctx.resume` are skipped), so later plugins run after the wait, as after APISIX's `ngx.sleep` in a hook.
     pub fn run_request(&self, ctx: &mut Ctx<'_>) -> Flow {
+        let resume = std::mem::take(&mut ctx.resume);
+        let mut pos = 0u32;
         if self.mask.has(Phase::Rewrite) {
             for s in &self.slots {
-                if s.plugin.phases().has(Phase::Rewrite) && s.applies(ctx) {
-                    if let Flow::Respond(r) = s.plugin.rewrite(ctx) {
-                        return respond(s, r);
-                    }
+                pos += 1;
+                if pos <= resume || !s.plugin.phases().has(Phase::Rewrite) || !s.applies(ctx) {
+                    continue;
+                }
+                if let Flow::Respond(r) = s.plugin.rewrite(ctx) {
+                    return respond(s, r);
+                }
+                if !ctx.delay.is_zero() {
+                    ctx.resume = pos;
+                    return Flow::Continue;
                 }
             }
         }
@@ -286,20 +297,25 @@ impl Chain {
             ctx.consumer_chain.clone()
         } else if ctx.merged_by == 0 && ctx.consumer_chain.is_some() {
             ctx.merged_by = self.id;
-            let cc = ctx.consumer_chain.clone();
-            if let Some(c) = &cc {
-                for s in &c.slots {
-                    if s.plugin.phases().has(Phase::Rewrite) && s.applies(ctx) {
-                        if let Flow::Respond(r) = s.plugin.rewrite(ctx) {
-                            return respond(s, r);
-                        }
-                    }
-                }
-            }
-            cc
+            ctx.consumer_chain.clone()
         } else {
             None
         };
+        if let Some(c) = &consumer {
+            for s in &c.slots {
+                pos += 1;
+                if pos <= resume || !s.plugin.phases().has(Phase::Rewrite) || !s.applies(ctx) {
+                    continue;
+                }
+                if let Flow::Respond(r) = s.plugin.rewrite(ctx) {
+                    return respond(s, r);
+                }
+                if !ctx.delay.is_zero() {
+                    ctx.resume = pos;
+                    return Flow::Continue;
+                }
+            }
+        }
         let mask = consumer
             .as_ref()
             .map_or(self.mask, |c| self.mask.union(c.mask));
@@ -315,11 +331,18 @@ impl Chain {
             }
             let mut out = None;
             merged(&self.slots, consumer.as_deref(), |s| {
-                if s.plugin.phases().has(phase) && s.applies(ctx) {
-                    if let Flow::Respond(r) = call(s.plugin.as_ref(), ctx) {
-                        out = Some(respond(s, r));
-                        return false;
-                    }
+                pos += 1;
+                if pos <= resume || !s.plugin.phases().has(phase) || !s.applies(ctx) {
+                    return true;
+                }
+                if let Flow::Respond(r) = call(s.plugin.as_ref(), ctx) {
+                    out = Some(respond(s, r));
+                    return false;
+                }
+                if !ctx.delay.is_zero() {
+                    ctx.resume = pos;
+                    out = Some(Flow::Continue);
+                    return false;
                 }
                 true
             });

@@ -117,6 +117,8 @@ pub struct Ctx<'a> {
     /// How long the proxy waits before going on (limit-req, limit-conn, fault-injection `delay`): hooks are
     /// synchronous, so they ask for the sleep and the proxy awaits it without blocking its thread.
     pub(crate) delay: Duration,
+    /// Set when a hook's delay paused [`Chain::run_request`]: the hook positions already run.
+    pub(crate) resume: u32,
     /// The upstream a plugin chose instead of the route's: an index into [`Chain::upstreams`] of the route's chain.
     pub(crate) upstream: Option<u32>,
     /// A copy of the request proxy-mirror asks the proxy to send.
@@ -140,6 +142,7 @@ impl<'a> Ctx<'a> {
             out: Default::default(),
             real_ip: None,
             delay: Duration::ZERO,
+            resume: 0,
             upstream: None,
             mirror: None,
         }
@@ -165,9 +168,15 @@ impl<'a> Ctx<'a> {
         self.delay += d;
     }
 
-    /// The wait plugins asked for so far, reset to zero: the proxy sleeps it before proxying or answering.
+    /// The wait plugins asked for so far, reset to zero: the proxy sleeps it before going on.
     pub fn take_delay(&mut self) -> Duration {
         std::mem::take(&mut self.delay)
+    }
+
+    /// Whether a delay paused the chain's request phases: after sleeping, the proxy calls
+    /// [`Chain::run_request`] again on the same chain, which resumes after the delaying hook.
+    pub fn paused(&self) -> bool {
+        self.resume != 0
     }
 
     /// Attaches the matched route's [`RouteMeta`].

@@ -261,17 +261,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let req_start = Instant::now();
         if let Some(ctx) = pctx.as_mut() {
             let mut answer = None;
-            for chain in chains.iter().flatten() {
-                if let Flow::Respond(r) = chain.run_request(ctx) {
-                    answer = Some(r);
-                    break;
+            'chains: for chain in chains.iter().flatten() {
+                loop {
+                    let flow = chain.run_request(ctx);
+                    // A hook that asked for a delay (limit-req, limit-conn, fault-injection) paused the run: sleep
+                    // here without blocking the thread, then resume after that hook, as APISIX's `ngx.sleep`.
+                    let delay = ctx.take_delay();
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    match flow {
+                        Flow::Respond(r) => {
+                            answer = Some(r);
+                            break 'chains;
+                        }
+                        Flow::Continue if ctx.paused() => {}
+                        Flow::Continue => break,
+                    }
                 }
-            }
-            // A delay a hook asked for (limit-req, limit-conn, fault-injection) is slept here, before proxying or
-            // before the plugin's own answer, as APISIX's `ngx.sleep` inside the phase would.
-            let delay = ctx.take_delay();
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
             }
             if let Some(r) = answer {
                 return self.respond_plugin(&head, r, ctx, &chains, req_start).await;

@@ -279,3 +279,32 @@ fn limit_conn_defaults_and_error_shapes() {
         assert!(e.contains("limit-conn") && e.contains(want), "{want}: {e}");
     }
 }
+
+#[test]
+fn later_plugins_run_after_the_wait() {
+    let o = Origin::start();
+    // fault-injection (11000) delays only ?name=jack, by 3 s, before limit-req (1001, rate 0.5/s) stamps it, as
+    // APISIX's ngx.sleep inside the rewrite hook. Jack's request comes first but reaches the bucket last, so the
+    // plain request sent 100 ms later finds the bucket empty and passes at once (had jack been stamped before
+    // his wait, it would wait ~1.9 s), and jack finds it drained after his wait.
+    let g = gw(
+        &o,
+        "/hello",
+        json!({"fault-injection": {"delay": {"duration": 3, "vars": [[["arg_name", "==", "jack"]]]}},
+               "limit-req": {"rate": 0.5, "burst": 5, "key": "remote_addr"}}),
+    );
+    let g2 = g.clone();
+    let jack = std::thread::spawn(move || {
+        let t = Instant::now();
+        (g2.get("/hello?name=jack", &[]).status, t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    assert_eq!(g.get("/hello", &[]).status, 200);
+    let plain = t.elapsed();
+    assert!(plain < Duration::from_millis(1500), "{plain:?}");
+    let (status, took) = jack.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(took >= Duration::from_secs(3), "{took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
