@@ -407,8 +407,8 @@ async fn write_response<W: AsyncWrite + Unpin>(
         (e, Progress::Responding)
     };
     let mut total = out.len() as u64;
-    wr.write_all(&out).await.map_err(down)?;
     if framing == Framing::None {
+        wr.write_all(&out).await.map_err(down)?;
         wr.flush().await.map_err(down)?;
         return Ok(Written {
             status,
@@ -417,11 +417,25 @@ async fn write_response<W: AsyncWrite + Unpin>(
             close,
         });
     }
+    // `out` collects the head and whatever body has already arrived: it is written only when the next frame is not
+    // there yet (so a streamed response is never held back) or grows large, and a small response leaves in one
+    // write.
     loop {
-        let next = tokio::time::timeout(t, body.data()).await.map_err(|_| {
-            let e = Error::upstream(Kind::UpstreamTimeout, "upstream body timed out");
-            (e, Progress::Responding)
-        })?;
+        let ready = std::future::poll_fn(|cx| std::task::Poll::Ready(body.poll_data(cx))).await;
+        let next = match ready {
+            std::task::Poll::Ready(next) => next,
+            std::task::Poll::Pending => {
+                if !out.is_empty() {
+                    wr.write_all(&out).await.map_err(down)?;
+                    wr.flush().await.map_err(down)?;
+                    out.clear();
+                }
+                tokio::time::timeout(t, body.data()).await.map_err(|_| {
+                    let e = Error::upstream(Kind::UpstreamTimeout, "upstream body timed out");
+                    (e, Progress::Responding)
+                })?
+            }
+        };
         let Some(d) = next else { break };
         let d = d.map_err(|e| {
             (
@@ -433,18 +447,20 @@ async fn write_response<W: AsyncWrite + Unpin>(
             continue;
         }
         let n = d.len();
+        let before = out.len();
         if framing == Framing::Chunked {
-            out.clear();
             sluice_http::encode_chunk_header(n, &mut out);
-            wr.write_all(&out).await.map_err(down)?;
-            wr.write_all(&d).await.map_err(down)?;
-            wr.write_all(b"\r\n").await.map_err(down)?;
-            total += (out.len() + n + 2) as u64;
+            out.put_slice(&d);
+            out.put_slice(b"\r\n");
         } else {
-            wr.write_all(&d).await.map_err(down)?;
-            total += n as u64;
+            out.put_slice(&d);
         }
+        total += (out.len() - before) as u64;
         let _ = body.flow_control().release_capacity(n);
+        if out.len() >= 64 * 1024 {
+            wr.write_all(&out).await.map_err(down)?;
+            out.clear();
+        }
     }
     if framing == Framing::Chunked {
         let trailers = body.trailers().await.map_err(|e| {
@@ -453,15 +469,15 @@ async fn write_response<W: AsyncWrite + Unpin>(
                 Progress::Responding,
             )
         })?;
-        out.clear();
+        let before = out.len();
         out.put_slice(b"0\r\n");
         for (n, v) in trailers.iter().flatten() {
             put(&mut out, n.as_str().as_bytes(), v.as_bytes());
         }
         out.put_slice(b"\r\n");
-        total += out.len() as u64;
-        wr.write_all(&out).await.map_err(down)?;
+        total += (out.len() - before) as u64;
     }
+    wr.write_all(&out).await.map_err(down)?;
     wr.flush().await.map_err(down)?;
     Ok(Written {
         status,
