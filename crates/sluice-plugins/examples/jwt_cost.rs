@@ -1,6 +1,7 @@
 //! Per-request cost of jwt-auth by algorithm (token parse, consumer lookup, signature check, claims), without IO:
 //! `cargo run --release -p sluice-plugins --example jwt_cost`. Prints ns per request for HS256, RS256 (2048-bit),
-//! PS256, ES256 and EdDSA tokens against 100 consumers, and key-auth for comparison.
+//! PS256, ES256 and EdDSA tokens against 100 consumers, and key-auth for comparison; an argument (`HS256`, ...)
+//! runs that algorithm only.
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -70,6 +71,8 @@ fn main() {
     let jwt = compile(json!({"jwt-auth": {}}));
     let key = compile(json!({"key-auth": {}}));
     let exp = 4_000_000_000u64;
+    // An argument picks one algorithm (e.g. under callgrind); none runs all.
+    let only = std::env::args().nth(1);
     println!(
         "key-auth : {:.0} ns/request",
         cost(&key, "apikey", "key-42", 200_000)
@@ -81,6 +84,9 @@ fn main() {
         ("ES256", Alg::ES256, P256_PRIV, "ec", 20_000),
         ("EdDSA", Alg::EdDSA, ED_PRIV, "ed", 20_000),
     ] {
+        if only.as_deref().is_some_and(|o| o != label) {
+            continue;
+        }
         let t = sign(alg, &json!({"key": claim, "exp": exp}), k).unwrap();
         println!(
             "jwt {label}: {:.0} ns/request",

@@ -7,6 +7,7 @@
 //! `WWW-Authenticate: Bearer realm="<realm>"`, or attach `anonymous_consumer`. Not here: `store_in_ctx` (accepted;
 //! no plugin reads the payload yet) and APISIX 2.x's signing endpoint.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -152,7 +153,7 @@ fn cred(conf: &Value) -> Result<(String, Key, i64), String> {
             // APISIX generates a random secret for HS384 without one (no token can then verify).
             None => base64_encode(&rand::random::<[u8; 32]>()).into_bytes(),
         };
-        Key::Hmac(secret)
+        Key::hmac(&secret)
     } else {
         let pem = c.public_key.ok_or("missing valid public key")?;
         let key = Key::public(&pem)?;
@@ -216,6 +217,13 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     }))
 }
 
+/// The JOSE header: only `alg` matters (a header that is not a JSON object is an invalid token).
+#[derive(Deserialize)]
+struct JwsHeader<'a> {
+    #[serde(borrow, default)]
+    alg: Option<Cow<'a, str>>,
+}
+
 fn now_secs() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -240,15 +248,16 @@ fn cookies_without(ctx: &Ctx<'_>, name: &str) -> String {
 }
 
 impl JwtAuth {
-    /// The token and, under `hide_credentials`, the edit that removes it from the upstream request.
-    fn token(&self, ctx: &mut Ctx<'_>) -> Option<String> {
-        if let Some(h) = ctx.req.head.header(&self.header) {
+    /// The token (borrowed from the request when it can be) and, under `hide_credentials`, the edit that
+    /// removes it from the upstream request.
+    fn token<'a>(&self, ctx: &mut Ctx<'a>) -> Option<Cow<'a, str>> {
+        let req: &'a crate::ReqView<'a> = ctx.req;
+        if let Some(h) = req.head.header(&self.header) {
+            let h = h
+                .strip_prefix(b"Bearer ")
+                .or_else(|| h.strip_prefix(b"bearer "))
+                .unwrap_or(h);
             let t = String::from_utf8_lossy(h);
-            let t = t
-                .strip_prefix("Bearer ")
-                .or_else(|| t.strip_prefix("bearer "))
-                .unwrap_or(&t)
-                .to_owned();
             if self.hide {
                 ctx.edits
                     .remove_headers
@@ -256,15 +265,14 @@ impl JwtAuth {
             }
             return Some(t);
         }
-        if let Some(q) = ctx.req.arg(&self.query) {
-            let q = q.to_owned();
+        if let Some(q) = req.arg(&self.query) {
             if self.hide {
                 let uri = crate::key_auth::without_arg(ctx, &self.query);
                 ctx.edits.uri = Some(Bytes::from(uri));
             }
-            return Some(q);
+            return Some(Cow::Borrowed(q));
         }
-        let c = ctx.req.cookie(&self.cookie)?.to_owned();
+        let c = Cow::Borrowed(req.cookie(&self.cookie)?);
         if self.hide {
             let rest = cookies_without(ctx, &self.cookie);
             if rest.is_empty() {
@@ -285,14 +293,13 @@ impl JwtAuth {
         else {
             return Err("JWT token invalid");
         };
-        let decode =
-            |x: &str| base64_decode(x).and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-        let (Some(header), Some(payload)) = (decode(h), decode(p)) else {
-            return Err("JWT token invalid");
-        };
-        if !header.is_object() || !payload.is_object() {
-            return Err("JWT token invalid");
-        }
+        let header = base64_decode(h).ok_or("JWT token invalid")?;
+        let header: JwsHeader<'_> =
+            serde_json::from_slice(&header).map_err(|_| "JWT token invalid")?;
+        let payload = base64_decode(p)
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .filter(Value::is_object)
+            .ok_or("JWT token invalid")?;
         let key = match payload.get(&self.claim) {
             None | Some(Value::Null) => return Err("missing user key in JWT token"),
             Some(Value::String(k)) => k.as_str(),
@@ -300,8 +307,8 @@ impl JwtAuth {
         };
         let cred = self.creds.get(key).ok_or("Invalid user key in JWT token")?;
         let alg = header
-            .get("alg")
-            .and_then(Value::as_str)
+            .alg
+            .as_deref()
             .and_then(Alg::parse)
             .ok_or("failed to verify jwt")?;
         let sig = base64_decode(s).ok_or("failed to verify jwt")?;

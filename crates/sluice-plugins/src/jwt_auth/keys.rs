@@ -1,10 +1,10 @@
 //! jwt-auth's algorithms and keys: the `alg` names APISIX 3.x lists, a consumer's verification key compiled once
 //! (HMAC secret, or a PEM public key parsed into the raw form `ring` verifies with), and signature checks with
-//! `ring` / `hmac` (no hand-rolled crypto). A key accepts only the algorithms of its own type (an RSA key RS*/PS*,
+//! `ring` (no hand-rolled crypto; HMAC keys keep their padded-key state from compile time). A key accepts only the algorithms of its own type (an RSA key RS*/PS*,
 //! a P-256 key ES256, ...), which closes the HMAC-with-public-key confusion APISIX's token-chosen `alg` allows.
 //! Not here: the token's claims and the plugin itself. ES512 (P-521) is refused: `ring` has no P-521.
 
-use hmac::{Hmac, Mac};
+use ring::hmac;
 use ring::signature::{self as sig, UnparsedPublicKey};
 
 use crate::util::base64_decode;
@@ -73,7 +73,8 @@ impl Alg {
 
 /// A consumer's verification key, decoded once at compile time.
 pub(crate) enum Key {
-    Hmac(Vec<u8>),
+    /// HS256, HS384, HS512 keys made from the secret once (ring precomputes the inner/outer pads).
+    Hmac(Box<[hmac::Key; 3]>),
     /// PKCS#1 `RSAPublicKey` DER.
     Rsa(Vec<u8>),
     /// Uncompressed EC points.
@@ -214,7 +215,7 @@ impl Key {
             return false;
         }
         let (vk, raw): (&'static dyn sig::VerificationAlgorithm, &[u8]) = match (self, alg) {
-            (Key::Hmac(secret), _) => return hmac_eq(alg, secret, signed, signature),
+            (Key::Hmac(keys), _) => return hmac_eq(alg, keys, signed, signature),
             (Key::Rsa(k), Alg::RS256) => (&sig::RSA_PKCS1_2048_8192_SHA256, k),
             (Key::Rsa(k), Alg::RS384) => (&sig::RSA_PKCS1_2048_8192_SHA384, k),
             (Key::Rsa(k), Alg::RS512) => (&sig::RSA_PKCS1_2048_8192_SHA512, k),
@@ -231,39 +232,41 @@ impl Key {
     }
 }
 
-fn hmac_of(alg: Alg, secret: &[u8], data: &[u8]) -> Vec<u8> {
-    fn mac<M: Mac + hmac::digest::KeyInit>(secret: &[u8], data: &[u8]) -> Vec<u8> {
-        match <M as hmac::digest::KeyInit>::new_from_slice(secret) {
-            Ok(mut m) => {
-                m.update(data);
-                m.finalize().into_bytes().to_vec()
-            }
-            Err(_) => Vec::new(),
-        }
-    }
+fn hmac_alg(alg: Alg) -> hmac::Algorithm {
     match alg {
-        Alg::HS384 => mac::<Hmac<sha2::Sha384>>(secret, data),
-        Alg::HS512 => mac::<Hmac<sha2::Sha512>>(secret, data),
-        _ => mac::<Hmac<sha2::Sha256>>(secret, data),
+        Alg::HS384 => hmac::HMAC_SHA384,
+        Alg::HS512 => hmac::HMAC_SHA512,
+        _ => hmac::HMAC_SHA256,
     }
 }
 
-/// Constant-time comparison of the expected MAC with the token's.
-fn hmac_eq(alg: Alg, secret: &[u8], signed: &[u8], signature: &[u8]) -> bool {
-    let want = hmac_of(alg, secret, signed);
-    !want.is_empty()
-        && want.len() == signature.len()
-        && want
-            .iter()
-            .zip(signature)
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+impl Key {
+    /// An HMAC secret, ready for HS256/384/512.
+    pub(crate) fn hmac(secret: &[u8]) -> Key {
+        let k = |a| hmac::Key::new(a, secret);
+        Key::Hmac(Box::new([
+            k(hmac::HMAC_SHA256),
+            k(hmac::HMAC_SHA384),
+            k(hmac::HMAC_SHA512),
+        ]))
+    }
+}
+
+/// Constant-time check of the token's MAC (`ring::hmac::verify`).
+fn hmac_eq(alg: Alg, keys: &[hmac::Key; 3], signed: &[u8], signature: &[u8]) -> bool {
+    let k = match alg {
+        Alg::HS384 => &keys[1],
+        Alg::HS512 => &keys[2],
+        _ => &keys[0],
+    };
+    hmac::verify(k, signed, signature).is_ok()
 }
 
 /// Signs `signing_input` with `alg`: `key` is the HMAC secret, or a PKCS#8 `PRIVATE KEY` PEM for the others.
 pub(crate) fn sign(alg: Alg, key: &str, signing_input: &[u8]) -> Result<Vec<u8>, String> {
     if alg.is_hmac() {
-        return Ok(hmac_of(alg, key.as_bytes(), signing_input));
+        let k = hmac::Key::new(hmac_alg(alg), key.as_bytes());
+        return Ok(hmac::sign(&k, signing_input).as_ref().to_vec());
     }
     let rng = ring::rand::SystemRandom::new();
     let (_, der) = pem(key).ok_or("private key: not PEM")?;
