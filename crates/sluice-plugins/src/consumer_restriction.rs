@@ -1,5 +1,5 @@
 //! consumer-restriction (priority 2400, access): allows (`whitelist`) or denies (`blacklist`) requests by the
-//! authenticated `consumer_name` (or `route_id`; `service_id` is not known per request and is not supported).
+//! authenticated `consumer_name`, the consumer's `consumer_group_id`, the `route_id` or the route's `service_id`.
 //! `allowed_by_methods` narrows a consumer to some methods. Without a consumer it answers 401
 //! "Missing authentication or identity verification."; a refusal answers `rejected_code` (403) with
 //! "The consumer_name is forbidden." or `rejected_msg`.
@@ -73,15 +73,19 @@ fn default_code() -> u16 {
 }
 
 fn check(v: &Value) -> Result<(), String> {
-    let c: Conf = parse(&schema(), v)?;
-    if c.kind == "service_id" || c.kind == "consumer_group_id" {
-        return Err(format!("type {} is not supported yet", c.kind));
-    }
-    Ok(())
+    parse::<Conf>(&schema(), v).map(|_| ())
+}
+
+#[derive(Clone, Copy)]
+enum By {
+    Consumer,
+    Group,
+    Route,
+    Service,
 }
 
 struct ConsumerRestriction {
-    by_route: bool,
+    by: By,
     blacklist: Vec<String>,
     whitelist: Option<Vec<String>>,
     by_method: Vec<ByMethod>,
@@ -90,13 +94,18 @@ struct ConsumerRestriction {
 }
 
 fn compile(v: &Value, _env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
-    check(v)?;
     let c: Conf = parse(&schema(), v)?;
+    let by = match c.kind.as_str() {
+        "consumer_group_id" => By::Group,
+        "route_id" => By::Route,
+        "service_id" => By::Service,
+        _ => By::Consumer,
+    };
     let message = c
         .rejected_msg
         .unwrap_or_else(|| format!("The {} is forbidden.", c.kind));
     Ok(Arc::new(ConsumerRestriction {
-        by_route: c.kind == "route_id",
+        by,
         blacklist: c.blacklist.unwrap_or_default(),
         whitelist: c.whitelist,
         by_method: c.allowed_by_methods,
@@ -116,10 +125,15 @@ impl Plugin for ConsumerRestriction {
         PhaseMask::of(&[Phase::Access])
     }
     fn access(&self, ctx: &mut Ctx<'_>) -> Flow {
-        let value = if self.by_route {
-            Some(ctx.route_id)
-        } else {
-            ctx.consumer_name()
+        let value = match self.by {
+            By::Consumer => ctx.consumer_name(),
+            By::Group => ctx
+                .consumer
+                .as_deref()
+                .and_then(|c| c.group_id.as_ref())
+                .map(|g| g.0.as_str()),
+            By::Route => Some(ctx.route_id),
+            By::Service => ctx.service_id(),
         };
         let Some(value) = value else {
             return Flow::Respond(Response::message(

@@ -206,6 +206,60 @@ fn consumer_restriction_by_name_and_method() {
 }
 
 #[test]
+fn consumer_restriction_by_service_and_consumer_group() {
+    let o = Origin::start();
+    let mut svc_route = route("r1", "/hello", &o, json!({}));
+    svc_route["service_id"] = json!("s1");
+    let mut other = route("r2", "/other", &o, json!({}));
+    other["service_id"] = json!("s2");
+    let by_service = json!({"basic-auth": {}, "consumer-restriction": {"type": "service_id", "whitelist": ["s1"]}});
+    let mut jack1 = consumer(
+        "jack1",
+        json!({"basic-auth": {"username": "jack2019", "password": "123456"}}),
+    );
+    jack1["group_id"] = json!("gold");
+    let gw = Gw::start(json!({
+        "services": [{"id": "s1", "plugins": by_service}, {"id": "s2", "plugins": by_service}],
+        "routes": [svc_route, other],
+        "consumer_groups": [{"id": "gold", "plugins": {}}],
+        "consumers": [
+            jack1,
+            consumer("jack2", json!({"basic-auth": {"username": "jack2020", "password": "123456"}}))
+        ]
+    }));
+    assert_eq!(gw.get("/hello", &[("Authorization", JACK2)]).status, 200);
+    let r = gw.get("/other", &[("Authorization", JACK2)]);
+    assert_eq!(
+        (r.status, r.json()),
+        (403, json!({"message": "The service_id is forbidden."}))
+    );
+    drop(gw);
+    // consumer_group_id: jack1 is in "gold", jack2 in no group (401 as for a missing consumer).
+    let mut jack1 = consumer(
+        "jack1",
+        json!({"basic-auth": {"username": "jack2019", "password": "123456"}}),
+    );
+    jack1["group_id"] = json!("gold");
+    let gw = Gw::start(json!({
+        "routes": [route("r1", "/hello", &o, json!({"basic-auth": {}, "consumer-restriction": {"type": "consumer_group_id", "blacklist": ["gold"]}}))],
+        "consumer_groups": [{"id": "gold", "plugins": {}}],
+        "consumers": [
+            jack1,
+            consumer("jack2", json!({"basic-auth": {"username": "jack2020", "password": "123456"}}))
+        ]
+    }));
+    let r = gw.get("/hello", &[("Authorization", JACK1)]);
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            403,
+            json!({"message": "The consumer_group_id is forbidden."})
+        )
+    );
+    assert_eq!(gw.get("/hello", &[("Authorization", JACK2)]).status, 401);
+}
+
+#[test]
 fn real_ip_feeds_ip_restriction_and_limit_keys() {
     let o = Origin::start();
     let gw = one(
