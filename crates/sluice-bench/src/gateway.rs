@@ -53,7 +53,7 @@ pub fn write_traditional_config(
     workers: Workers,
 ) -> Result<(), String> {
     let text = format!(
-        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: true\nnginx_config:\n  worker_processes: {}\ndeployment:\n  role: traditional\n  role_traditional:\n    config_provider: embedded\n  admin:\n    admin_listen:\n      ip: 127.0.0.1\n      port: {admin_port}\n    admin_key:\n      - name: admin\n        key: {ADMIN_KEY}\n        role: admin\nsluice:\n  data_dir: data\n",
+        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: true\n  enable_control: false\nnginx_config:\n  worker_processes: {}\ndeployment:\n  role: traditional\n  role_traditional:\n    config_provider: embedded\n  admin:\n    admin_listen:\n      ip: 127.0.0.1\n      port: {admin_port}\n    admin_key:\n      - name: admin\n        key: {ADMIN_KEY}\n        role: admin\nsluice:\n  data_dir: data\n",
         workers_value(workers)
     );
     write(dir, "config.yaml", &text)

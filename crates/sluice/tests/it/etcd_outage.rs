@@ -173,7 +173,7 @@ async fn start_node(etcd: SocketAddr) -> Node {
     let dir = TempDir::new("etcd-node");
     let (port, admin_port) = (free_port(), free_port());
     let cfg = format!(
-        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: true\n  ssl:\n    enable: false\n\
+        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: true\n  enable_control: false\n  ssl:\n    enable: false\n\
          nginx_config:\n  worker_processes: 1\n\
          deployment:\n  role: traditional\n  role_traditional:\n    config_provider: etcd\n\
          \x20 etcd:\n    host:\n      - http://{etcd}\n    prefix: /apisix\n    timeout: 2\n\

@@ -80,7 +80,7 @@ impl Sluice {
         for _ in 0..2 {
             let port = free_port();
             let cfg = format!(
-                "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  ssl:\n    enable: false\n\
+                "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: false\n  ssl:\n    enable: false\n\
                  nginx_config:\n  worker_processes: {workers}\n\
                  deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
                  plugin_attr:\n  prometheus:\n    enable_export_server: false\n\
@@ -115,7 +115,7 @@ impl Sluice {
         }
         let (port, admin_port) = (free_port(), free_port());
         let cfg = format!(
-            "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: true\n  ssl:\n    enable: false\n\
+            "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: true\n  enable_control: false\n  ssl:\n    enable: false\n\
              nginx_config:\n  worker_processes: 1\n\
              deployment:\n  role: traditional\n  role_traditional:\n    config_provider: embedded\n\
              \x20 admin:\n    admin_listen:\n      ip: 127.0.0.1\n      port: {admin_port}\n\
