@@ -748,3 +748,24 @@ fn loggers_see_response_headers_and_body() {
     assert_eq!(lines[0]["response"]["headers"]["x-up"], "1");
     let _ = std::fs::remove_file(&path);
 }
+
+/// A consumer's own body filter joins the route's chain once key-auth identifies it (APISIX's
+/// merge_consumer_route): the route alone has no body filter, the merged chain does.
+#[test]
+fn consumer_plugins_filter_the_body() {
+    let o = BodyOrigin::start();
+    let gw = Gw::start(json!({
+        "routes": [{"id": "r1", "uri": "/*", "plugins": {"key-auth": {}},
+            "upstream": {"type": "roundrobin", "nodes": {o.addr.to_string(): 1}}}],
+        "consumers": [
+            consumer("jack", json!({"key-auth": {"key": "k1"}, "echo": {"after_body": "for jack"}})),
+            consumer("rose", json!({"key-auth": {"key": "k2"}}))
+        ]
+    }));
+    let r = get(&gw, "/hello", &[("apikey", "k1")]);
+    assert_eq!(r.text(), "hello world\nfor jack");
+    assert_eq!(r.framing, "chunked");
+    let r = get(&gw, "/hello", &[("apikey", "k2")]);
+    assert_eq!(r.text(), "hello world\n");
+    assert_eq!(r.framing, "length");
+}
