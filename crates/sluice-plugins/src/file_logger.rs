@@ -38,7 +38,8 @@ fn schema() -> Value {
             "path": {"type": "string"},
             "log_format": {"type": "object"},
             "include_req_body": {"type": "boolean", "default": false},
-            "include_resp_body": {"type": "boolean", "default": false}
+            "include_resp_body": {"type": "boolean", "default": false},
+            "include_resp_body_expr": {"type": "array", "minItems": 1, "items": {"type": "array"}}
         },
         "required": ["path"]
     })

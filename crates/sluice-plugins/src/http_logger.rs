@@ -44,6 +44,7 @@ fn schema() -> Value {
             "log_format": {"type": "object"},
             "include_req_body": {"type": "boolean", "default": false},
             "include_resp_body": {"type": "boolean", "default": false},
+            "include_resp_body_expr": {"type": "array", "minItems": 1, "items": {"type": "array"}},
             "concat_method": {"type": "string", "enum": ["json", "new_line"], "default": "json"},
             "ssl_verify": {"type": "boolean", "default": false},
             "batch_max_size": {"type": "integer", "minimum": 1, "default": 1000},
