@@ -359,47 +359,49 @@ impl Chain {
             .flatten()
     }
 
-    pub fn header_filter(&self, ctx: &mut Ctx<'_>, status: u16) {
+    /// The consumer chain merged into this one for `ctx`, when the merged chains implement `phase` at all.
+    fn with_phase(&self, ctx: &Ctx<'_>, phase: Phase) -> Option<Option<Arc<Chain>>> {
         let consumer = self.consumer_for(ctx);
         let mask = consumer
             .as_ref()
             .map_or(self.mask, |c| self.mask.union(c.mask));
-        if !mask.has(Phase::HeaderFilter) {
+        mask.has(phase).then_some(consumer)
+    }
+
+    /// Calls `f` for each plugin (route merged with consumer) that implements the response-side `phase` and whose
+    /// `_meta.filter` matches.
+    fn each_in<'a>(
+        &self,
+        ctx: &mut Ctx<'a>,
+        phase: Phase,
+        mut f: impl FnMut(&dyn Plugin, &mut Ctx<'a>),
+    ) {
+        let Some(consumer) = self.with_phase(ctx, phase) else {
             return;
-        }
+        };
         merged(&self.slots, consumer.as_deref(), |s| {
-            if s.plugin.phases().has(Phase::HeaderFilter) && s.applies(ctx) {
-                s.plugin.header_filter(ctx, status);
+            if s.plugin.phases().has(phase) && s.applies(ctx) {
+                f(s.plugin.as_ref(), ctx);
             }
             true
+        });
+    }
+
+    pub fn header_filter(&self, ctx: &mut Ctx<'_>, status: u16) {
+        self.each_in(ctx, Phase::HeaderFilter, |p, ctx| {
+            p.header_filter(ctx, status)
         });
     }
 
     /// Runs body_filter over one piece of the response body (see [`crate::filters::body_filters`]).
     pub fn body_filter(&self, ctx: &mut Ctx<'_>, chunk: &mut crate::BodyChunk) {
-        let consumer = self.consumer_for(ctx);
-        let mask = consumer
-            .as_ref()
-            .map_or(self.mask, |c| self.mask.union(c.mask));
-        if !mask.has(Phase::BodyFilter) {
-            return;
-        }
-        merged(&self.slots, consumer.as_deref(), |s| {
-            if s.plugin.phases().has(Phase::BodyFilter) && s.applies(ctx) {
-                s.plugin.body_filter(ctx, chunk);
-            }
-            true
-        });
+        self.each_in(ctx, Phase::BodyFilter, |p, ctx| p.body_filter(ctx, chunk));
     }
 
     pub fn log(&self, ctx: &Ctx<'_>, info: &LogInfo) {
-        let consumer = self.consumer_for(ctx);
-        let mask = consumer
-            .as_ref()
-            .map_or(self.mask, |c| self.mask.union(c.mask));
-        if !mask.has(Phase::Log) {
+        let Some(consumer) = self.with_phase(ctx, Phase::Log) else {
             return;
-        }
+        };
         merged(&self.slots, consumer.as_deref(), |s| {
             if s.plugin.phases().has(Phase::Log) && s.applies(ctx) {
                 s.plugin.log(ctx, info);
