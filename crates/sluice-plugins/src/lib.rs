@@ -41,6 +41,7 @@ mod proxy_mirror;
 mod proxy_rewrite;
 mod real_ip;
 mod redirect;
+mod redis_sync;
 mod referer_restriction;
 mod request_id;
 mod request_validation;

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::counters::{key_hash, WindowStore, MAX_COUNT};
+use crate::redis_sync::{fnv, with_redis_schema, Connect, RedisConf, Syncer};
 use crate::registry::Entry;
 use crate::util::{parse, reject, LimitKey};
 use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin};
@@ -32,7 +33,7 @@ pub(crate) const ENTRY: Entry = Entry {
 };
 
 fn schema() -> Value {
-    json!({
+    with_redis_schema(json!({
         "type": "object",
         "properties": {
             "count": {"type": "integer", "exclusiveMinimum": 0},
@@ -42,22 +43,11 @@ fn schema() -> Value {
             "key_type": {"type": "string", "enum": ["var", "var_combination", "constant"], "default": "var"},
             "rejected_code": {"type": "integer", "minimum": 200, "maximum": 599, "default": 503},
             "rejected_msg": {"type": "string", "minLength": 1},
-            "policy": {"type": "string", "enum": ["local", "redis", "redis-cluster"], "default": "local"},
-            "allow_degradation": {"type": "boolean", "default": false},
-            "redis_host": {"type": "string", "minLength": 2},
-            "redis_port": {"type": "integer", "minimum": 1, "default": 6379},
-            "redis_username": {"type": "string", "minLength": 1},
-            "redis_password": {"type": "string", "minLength": 0},
-            "redis_database": {"type": "integer", "minimum": 0, "default": 0},
-            "redis_timeout": {"type": "integer", "minimum": 1, "default": 1000},
-            "redis_ssl": {"type": "boolean", "default": false},
-            "redis_cluster_nodes": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 2, "maxLength": 100}},
-            "redis_cluster_name": {"type": "string"},
             "sync_interval": {"type": "number", "default": -1},
             "show_limit_quota_header": {"type": "boolean", "default": true}
         },
         "required": ["count", "time_window"]
-    })
+    }))
 }
 
 #[derive(Deserialize)]
@@ -72,35 +62,16 @@ struct Conf {
     #[serde(default = "code503")]
     rejected_code: u16,
     rejected_msg: Option<String>,
-    #[serde(default = "local")]
-    policy: String,
     #[serde(default = "yes")]
     show_limit_quota_header: bool,
     #[serde(default)]
     allow_degradation: bool,
-    redis_host: Option<String>,
-    #[serde(default = "port6379")]
-    redis_port: u16,
-    redis_username: Option<String>,
-    redis_password: Option<String>,
-    #[serde(default)]
-    redis_database: u32,
-    #[serde(default = "ms1000")]
-    redis_timeout: u64,
-    #[serde(default)]
-    redis_ssl: bool,
-    #[serde(default)]
-    redis_cluster_nodes: Vec<String>,
     #[serde(default = "neg")]
     sync_interval: f64,
+    #[serde(flatten)]
+    redis: RedisConf,
 }
 
-fn port6379() -> u16 {
-    6379
-}
-fn ms1000() -> u64 {
-    1000
-}
 fn neg() -> f64 {
     -1.0
 }
@@ -108,59 +79,13 @@ fn neg() -> f64 {
 /// Batching interval when `sync_interval` is unset: short enough to stay close to APISIX's exact counting.
 const DEFAULT_SYNC: Duration = Duration::from_millis(10);
 
-/// A stable 64-bit FNV-1a (the same on every node, unlike the per-process seeded hashes).
-fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-fn remote_connect(c: &Conf) -> Result<Option<remote::Connect>, String> {
-    let timeout = Duration::from_millis(c.redis_timeout);
+fn remote_connect(c: &Conf) -> Result<Option<Connect>, String> {
     let interval = if c.sync_interval > 0.0 {
         Duration::from_secs_f64(c.sync_interval)
     } else {
         DEFAULT_SYNC
     };
-    let auth = match (&c.redis_username, &c.redis_password) {
-        (Some(u), Some(p)) => format!("{u}:{p}@"),
-        (None, Some(p)) if !p.is_empty() => format!(":{p}@"),
-        _ => String::new(),
-    };
-    let scheme = if c.redis_ssl { "rediss" } else { "redis" };
-    let backend = match c.policy.as_str() {
-        "local" => return Ok(None),
-        "redis" => {
-            let host = c
-                .redis_host
-                .as_deref()
-                .ok_or("property \"redis_host\" is required")?;
-            remote::Backend::Single {
-                url: format!(
-                    "{scheme}://{auth}{host}:{}/{}",
-                    c.redis_port, c.redis_database
-                ),
-            }
-        }
-        _ => {
-            if c.redis_cluster_nodes.len() < 2 {
-                return Err("property \"redis_cluster_nodes\" needs at least 2 nodes".into());
-            }
-            remote::Backend::Cluster {
-                urls: c
-                    .redis_cluster_nodes
-                    .iter()
-                    .map(|n| format!("{scheme}://{n}"))
-                    .collect(),
-            }
-        }
-    };
-    Ok(Some(remote::Connect {
-        backend,
-        password: c.redis_password.clone().filter(|p| !p.is_empty()),
-        timeout,
-        interval,
-    }))
+    c.redis.connect(interval)
 }
 
 pub(crate) fn remote_addr() -> String {
@@ -171,9 +96,6 @@ pub(crate) fn var() -> String {
 }
 pub(crate) fn code503() -> u16 {
     503
-}
-fn local() -> String {
-    "local".into()
 }
 pub(crate) fn yes() -> bool {
     true
@@ -200,7 +122,7 @@ struct LimitCount {
     limit_header: Bytes,
     windows: Arc<WindowStore>,
     /// Policy redis / redis-cluster: the backend's syncer and this plugin's stable key prefix.
-    remote: Option<(Arc<remote::Syncer>, String)>,
+    remote: Option<(Arc<Syncer<remote::Window>>, String)>,
     allow_degradation: bool,
 }
 
@@ -262,18 +184,15 @@ impl Plugin for LimitCount {
                 self.windows.incoming(k, self.count, self.window_ms, 1)
             }
             Some((syncer, prefix)) => {
-                if !syncer.healthy() {
-                    if self.allow_degradation {
-                        return Flow::Continue;
-                    }
-                    return Flow::Respond(reject(500, Some("failed to limit count")));
+                if let Some(flow) = syncer.down(self.allow_degradation) {
+                    return flow;
                 }
                 let name = if self.grouped {
                     format!("{prefix}:{key}")
                 } else {
                     format!("{prefix}:{}:{key}", ctx.route_id)
                 };
-                syncer.window(name, self.window_ms).incoming(self.count)
+                remote::Window::of(syncer, &name, self.window_ms).incoming(self.count)
             }
         };
         if self.show_headers {

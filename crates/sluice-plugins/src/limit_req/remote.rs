@@ -8,15 +8,14 @@
 //! `burst`, what other nodes admitted during one sync interval, and a key's first requests on a node are decided
 //! before the node has heard from Redis. When Redis cannot be reached the backend is marked down: requests get
 //! 500 `{"error_msg":"failed to limit req"}`, or pass unlimited with `allow_degradation`, as APISIX.
-//! Connections come from limit-count's plumbing ([`crate::limit_count::remote::Conn`]).
+//! The connections, sync thread and degradation are [`crate::redis_sync`]'s; this file owns the bucket script.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::counters::{leak, now_ms, rebase, Leak};
-use crate::limit_count::remote::{Backend, Conn};
+use crate::redis_sync::{Conn, Synced, Syncer, Syncers};
 
 /// How often a backend's thread pushes and reads back.
 pub(crate) const SYNC: Duration = Duration::from_millis(10);
@@ -34,8 +33,11 @@ redis.call('hset', KEYS[1], 'excess', tostring(excess), 'last', now) \
 redis.call('pexpire', KEYS[1], ARGV[3]) \
 return tostring(excess)";
 
+/// limit-req's Redis backends (one per [`crate::Shared`]).
+pub(crate) type RemoteBuckets = Syncers<Bucket>;
+
+/// The bucket of one Redis key as this node knows it.
 pub(crate) struct Bucket {
-    key: String,
     rate: f64,
     ttl_ms: u64,
     word: AtomicU64,
@@ -56,148 +58,48 @@ impl Bucket {
     }
 }
 
-/// One Redis backend: its buckets, health and sync thread.
-pub(crate) struct Syncer {
-    buckets: RwLock<HashMap<String, Arc<Bucket>>>,
-    healthy: AtomicBool,
-}
-
-impl Syncer {
-    pub(crate) fn healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire)
-    }
-
-    /// The bucket of a Redis key (created on first use).
-    pub(crate) fn bucket(&self, key: &str, rate: f64, burst: f64) -> Arc<Bucket> {
-        if let Ok(m) = self.buckets.read() {
-            if let Some(b) = m.get(key) {
-                return b.clone();
-            }
-        }
-        let mut m = match self.buckets.write() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
-        m.entry(key.to_owned())
-            .or_insert_with(|| {
-                Arc::new(Bucket {
-                    key: key.to_owned(),
-                    rate,
-                    // Long enough for a full burst to drain, then a minute.
-                    ttl_ms: ((burst + 1.0) / rate * 1000.0) as u64 + 60_000,
-                    word: AtomicU64::new(0),
-                    pending: AtomicU64::new(0),
-                    touched: AtomicU64::new(now_ms()),
-                })
-            })
-            .clone()
+impl Bucket {
+    /// The bucket of a Redis key on a backend (created on first use).
+    pub(crate) fn of(s: &Syncer<Bucket>, key: &str, rate: f64, burst: f64) -> Arc<Bucket> {
+        s.entry(key, || Bucket {
+            rate,
+            // Long enough for a full burst to drain, then a minute.
+            ttl_ms: ((burst + 1.0) / rate * 1000.0) as u64 + 60_000,
+            word: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
+            touched: AtomicU64::new(now_ms()),
+        })
     }
 }
 
-pub(crate) struct Connect {
-    pub backend: Backend,
-    pub password: Option<String>,
-    pub timeout: Duration,
-}
+impl Synced for Bucket {
+    const PLUGIN: &'static str = "limit-req";
+    const DOWN_MSG: &'static str = "failed to limit req";
+    /// The cluster-wide excess, in requests.
+    type Answer = String;
 
-/// The backends of one [`crate::Shared`], each with its sync thread.
-#[derive(Default)]
-pub(crate) struct RemoteBuckets {
-    syncers: Mutex<HashMap<Backend, Arc<Syncer>>>,
-}
-
-impl RemoteBuckets {
-    /// The syncer for a backend (started on first use). Compile-time only.
-    pub(crate) fn syncer(&self, c: Connect) -> Arc<Syncer> {
-        let mut m = match self.syncers.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
-        if let Some(s) = m.get(&c.backend) {
-            return s.clone();
-        }
-        let s = Arc::new(Syncer {
-            buckets: RwLock::default(),
-            healthy: AtomicBool::new(true),
-        });
-        // Probe once now so a backend that is down from the start is known before the first request.
-        let conn = Conn::open(&c.backend, c.timeout, c.password.as_deref()).ok();
-        s.healthy.store(conn.is_some(), Ordering::Release);
-        let weak = Arc::downgrade(&s);
-        let backend = c.backend.clone();
-        let spawned = std::thread::Builder::new()
-            .name("sluice-limit-req-sync".into())
-            .spawn(move || sync_loop(weak, c, conn));
-        if spawned.is_err() {
-            s.healthy.store(false, Ordering::Release);
-        }
-        m.insert(backend, s.clone());
-        s
+    fn pending(&self) -> &AtomicU64 {
+        &self.pending
     }
-}
-
-fn sync_loop(weak: Weak<Syncer>, c: Connect, mut conn: Option<Conn>) {
-    loop {
-        std::thread::sleep(SYNC);
-        let Some(s) = weak.upgrade() else { return };
-        if conn.is_none() {
-            conn = Conn::open(&c.backend, c.timeout, c.password.as_deref()).ok();
-        }
-        let ok = match conn.as_mut() {
-            Some(con) => sync_once(&s, con),
-            None => false,
-        };
-        if !ok {
-            conn = None;
-        }
-        s.healthy.store(ok, Ordering::Release);
+    fn touched(&self) -> &AtomicU64 {
+        &self.touched
     }
-}
-
-/// Pushes every active bucket's admitted requests and adopts Redis' excess; false when Redis failed (the
-/// pending counts are kept for the next try).
-fn sync_once(s: &Syncer, con: &mut Conn) -> bool {
-    let buckets: Vec<Arc<Bucket>> = match s.buckets.read() {
-        Ok(m) => m.values().cloned().collect(),
-        Err(_) => return false,
-    };
-    let mut idle = Vec::new();
-    for b in buckets {
-        let pending = b.pending.load(Ordering::Acquire);
-        if pending == 0 && now_ms().saturating_sub(b.touched.load(Ordering::Relaxed)) > b.ttl_ms {
-            idle.push(b.key.clone());
-            continue;
-        }
+    fn idle_ms(&self) -> u64 {
+        self.ttl_ms
+    }
+    fn push(&self, con: &mut Conn, key: &str, pending: u64) -> redis::RedisResult<String> {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(SCRIPT)
             .arg(1)
-            .arg(&b.key)
-            .arg(b.rate)
+            .arg(key)
+            .arg(self.rate)
             .arg(pending)
-            .arg(b.ttl_ms);
-        match con.query::<String>(&cmd) {
-            Ok(excess) => {
-                b.pending.fetch_sub(pending, Ordering::AcqRel);
-                // Requests admitted here since the push are in the next batch; the local state restarts from
-                // the cluster's.
-                rebase(&b.word, now_ms(), excess.parse().unwrap_or(0.0));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "limit-req: redis sync failed");
-                return false;
-            }
-        }
+            .arg(self.ttl_ms);
+        con.query(&cmd)
     }
-    if !idle.is_empty() {
-        if let Ok(mut m) = s.buckets.write() {
-            for k in idle {
-                if m.get(&k)
-                    .is_some_and(|b| b.pending.load(Ordering::Acquire) == 0)
-                {
-                    m.remove(&k);
-                }
-            }
-        }
+    fn adopt(&self, excess: String) {
+        // Requests admitted here since the push are in the next batch; the local state restarts from the
+        // cluster's.
+        rebase(&self.word, now_ms(), excess.parse().unwrap_or(0.0));
     }
-    true
 }
