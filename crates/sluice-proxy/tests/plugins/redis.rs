@@ -1,6 +1,7 @@
 //! limit-count with policies `redis` and `redis-cluster` against real redis-server processes (Debian's
 //! redis-server package) on 127.0.0.1 ephemeral ports. Two gateways with separate [`Shared`] state stand in
-//! for two APISIX nodes sharing one Redis. Skipped (with a note) when redis-server is not installed.
+//! for two APISIX nodes sharing one Redis. Skipped (with a note) when redis-server is not installed. The
+//! process and two-node helpers are shared with limit-req's tests (`req_redis.rs`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -151,39 +152,120 @@ pub(crate) fn start_cluster() -> Vec<Redis> {
     }
 }
 
-fn cfg(o: &Origin, lc: Value) -> Value {
-    json!({"routes": [route("r1", "/hello", o, json!({"limit-count": lc}))]})
+/// `conf` with policy `redis-cluster` on `nodes`.
+pub(crate) fn on_cluster(nodes: &[Redis], mut conf: Value) -> Value {
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    conf["policy"] = json!("redis-cluster");
+    conf["redis_cluster_nodes"] = json!(urls);
+    conf["redis_cluster_name"] = json!("test");
+    conf
 }
 
-/// Two gateways (two "nodes") on one configuration.
-fn two(o: &Origin, lc: Value) -> (Gw, Gw) {
-    let a = Gw::start_with(cfg(o, lc.clone()), Arc::default(), 1).unwrap();
-    let b = Gw::start_with(cfg(o, lc), Arc::default(), 1).unwrap();
+/// `conf` with policy `redis` on 127.0.0.1:`port`.
+pub(crate) fn on_redis(port: u16, mut conf: Value) -> Value {
+    conf["policy"] = json!("redis");
+    conf["redis_host"] = json!("127.0.0.1");
+    conf["redis_port"] = json!(port);
+    conf
+}
+
+/// A route `/hello` with one plugin.
+pub(crate) fn plugin_cfg(o: &Origin, plugin: &str, conf: Value) -> Value {
+    json!({"routes": [route("r1", "/hello", o, json!({plugin: conf}))]})
+}
+
+/// Two gateways with separate plugin state (two "nodes") on one configuration.
+pub(crate) fn two_nodes(o: &Origin, plugin: &str, conf: Value) -> (Gw, Gw) {
+    let a = Gw::start_with(plugin_cfg(o, plugin, conf.clone()), Arc::default(), 1).unwrap();
+    let b = Gw::start_with(plugin_cfg(o, plugin, conf), Arc::default(), 1).unwrap();
     (a, b)
 }
 
-/// Alternates requests between two nodes, giving each sync time to land: the count is exact cluster-wide.
-fn exact_across_nodes(a: &Gw, b: &Gw) {
-    let mut statuses = Vec::new();
-    for i in 0..6 {
-        let gw = if i % 2 == 0 { a } else { b };
-        statuses.push(gw.get("/hello", &[]).status);
-        std::thread::sleep(Duration::from_millis(60));
-    }
+/// Six requests alternating between two nodes, `gap` apart so each sync can land, on a limit of three
+/// cluster-wide: exactly the first three pass, whichever node they hit.
+pub(crate) fn three_pass_then_503(a: &Gw, b: &Gw, gap: Duration) {
+    let statuses: Vec<u16> = (0..6)
+        .map(|i| {
+            let gw = if i % 2 == 0 { a } else { b };
+            let status = gw.get("/hello", &[]).status;
+            std::thread::sleep(gap);
+            status
+        })
+        .collect();
     assert_eq!(statuses, [200, 200, 200, 503, 503, 503]);
+}
+
+/// A fresh 3-node Redis Cluster and origin, or `None` (the test is skipped) when redis-server is not installed.
+pub(crate) fn cluster_and_origin() -> Option<(Vec<Redis>, Origin)> {
+    have_redis().then(|| (start_cluster(), Origin::start()))
+}
+
+/// A fresh redis-server and origin, or `None` (the test is skipped) when redis-server is not installed.
+pub(crate) fn redis_and_origin() -> Option<(Redis, Origin)> {
+    have_redis().then(|| (start_redis(false), Origin::start()))
+}
+
+/// With Redis unreachable, `conf` answers 500 `{"error_msg": msg}`, and passes everything with
+/// `allow_degradation`.
+pub(crate) fn down_fails_closed_or_degrades(plugin: &str, conf: Value, msg: &str) {
+    let o = Origin::start();
+    let mut conf = on_redis(free_port(), conf);
+    conf["redis_timeout"] = json!(100);
+    let gw = Gw::start(plugin_cfg(&o, plugin, conf.clone()));
+    let r = gw.get("/hello", &[]);
+    assert_eq!((r.status, r.json()), (500, json!({ "error_msg": msg })));
+    drop(gw);
+    conf["allow_degradation"] = json!(true);
+    let gw = Gw::start(plugin_cfg(&o, plugin, conf));
+    for _ in 0..5 {
+        assert_eq!(gw.get("/hello", &[]).status, 200);
+    }
+}
+
+/// 8 clients send 40 requests each, alternately to two nodes: how many were admitted (and a measurement line
+/// on stderr).
+pub(crate) fn admitted_under_load(a: &Gw, b: &Gw, what: &str, limit: usize) -> usize {
+    let addrs = [a.addr, b.addr];
+    let ok = Arc::new(AtomicUsize::new(0));
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let (addr, ok) = (addrs[i % 2], ok.clone());
+            std::thread::spawn(move || {
+                for _ in 0..40 {
+                    if crate::request(addr, "GET", "/hello", &[], "").status == 200 {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let admitted = ok.load(Ordering::Relaxed);
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "redis {what} accuracy: limit {limit}, admitted {admitted} of 320 ({:.0} req/s over 2 nodes), overshoot {}",
+        320.0 / secs,
+        admitted.saturating_sub(limit)
+    );
+    admitted
+}
+
+fn two(o: &Origin, lc: Value) -> (Gw, Gw) {
+    two_nodes(o, "limit-count", lc)
 }
 
 #[test]
 fn redis_policy_counts_across_nodes() {
-    if !have_redis() {
+    let Some((r, o)) = redis_and_origin() else {
         return;
-    }
-    let r = start_redis(false);
-    let o = Origin::start();
-    let (a, b) = two(
-        &o,
-        json!({"count": 3, "time_window": 60, "policy": "redis", "redis_host": "127.0.0.1", "redis_port": r.port}),
-    );
+    };
+    let (a, b) = two(&o, on_redis(r.port, json!({"count": 3, "time_window": 60})));
     let first = a.get("/hello", &[]);
     assert_eq!(first.header("x-ratelimit-limit"), Some("3"));
     assert_eq!(first.header("x-ratelimit-remaining"), Some("2"));
@@ -207,52 +289,36 @@ fn redis_policy_counts_across_nodes() {
     // A second configuration has its own counters: the alternating pattern is exact.
     let (a, b) = two(
         &o,
-        json!({"count": 3, "time_window": 60, "policy": "redis", "redis_host": "127.0.0.1", "redis_port": r.port,
-               "key": "http_x_k"}),
+        on_redis(
+            r.port,
+            json!({"count": 3, "time_window": 60, "key": "http_x_k"}),
+        ),
     );
-    exact_across_nodes(&a, &b);
+    // The count is exact cluster-wide.
+    three_pass_then_503(&a, &b, Duration::from_millis(60));
 }
 
 #[test]
 fn redis_cluster_policy_counts_across_nodes() {
-    if !have_redis() {
+    let Some((nodes, o)) = cluster_and_origin() else {
         return;
-    }
-    let nodes = start_cluster();
-    let urls: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    let o = Origin::start();
+    };
     let (a, b) = two(
         &o,
-        json!({"count": 3, "time_window": 60, "policy": "redis-cluster", "redis_cluster_nodes": urls,
-               "redis_cluster_name": "test"}),
+        on_cluster(&nodes, json!({"count": 3, "time_window": 60})),
     );
-    exact_across_nodes(&a, &b);
+    // The count is exact cluster-wide.
+    three_pass_then_503(&a, &b, Duration::from_millis(60));
 }
 
 #[test]
 fn redis_down_fails_closed_or_degrades() {
-    if !have_redis() {
-        return;
-    }
-    let o = Origin::start();
-    let port = free_port();
-    let lc = json!({"count": 3, "time_window": 60, "policy": "redis", "redis_host": "127.0.0.1",
-                    "redis_port": port, "redis_timeout": 100});
-    let gw = Gw::start(cfg(&o, lc.clone()));
-    let r = gw.get("/hello", &[]);
-    assert_eq!(
-        (r.status, r.json()),
-        (500, json!({"error_msg": "failed to limit count"}))
-    );
-    drop(gw);
-    let mut lc = lc;
-    lc["allow_degradation"] = json!(true);
-    let gw = Gw::start(cfg(&o, lc));
-    for _ in 0..5 {
-        assert_eq!(gw.get("/hello", &[]).status, 200);
+    if have_redis() {
+        down_fails_closed_or_degrades(
+            "limit-count",
+            json!({"count": 3, "time_window": 60}),
+            "failed to limit count",
+        );
     }
 }
 
@@ -262,41 +328,17 @@ fn redis_down_fails_closed_or_degrades() {
 #[test]
 #[ignore]
 fn redis_policy_accuracy_under_load() {
-    if !have_redis() {
+    let Some((r, o)) = redis_and_origin() else {
         return;
-    }
-    let r = start_redis(false);
-    let o = Origin::start();
+    };
     let (a, b) = two(
         &o,
-        json!({"count": 100, "time_window": 60, "policy": "redis", "redis_host": "127.0.0.1", "redis_port": r.port,
-               "key": "k", "key_type": "constant"}),
+        on_redis(
+            r.port,
+            json!({"count": 100, "time_window": 60, "key": "k", "key_type": "constant"}),
+        ),
     );
-    let addrs = [a.addr, b.addr];
-    let ok = Arc::new(AtomicUsize::new(0));
-    let t0 = Instant::now();
-    let threads: Vec<_> = (0..8)
-        .map(|i| {
-            let (addr, ok) = (addrs[i % 2], ok.clone());
-            std::thread::spawn(move || {
-                for _ in 0..40 {
-                    if crate::request(addr, "GET", "/hello", &[], "").status == 200 {
-                        ok.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    let admitted = ok.load(Ordering::Relaxed);
-    let secs = t0.elapsed().as_secs_f64();
-    eprintln!(
-        "redis limit-count accuracy: count 100, admitted {admitted} of 320 ({:.0} req/s over 2 nodes), overshoot {}",
-        320.0 / secs,
-        admitted.saturating_sub(100)
-    );
+    let admitted = admitted_under_load(&a, &b, "limit-count", 100);
     assert!(admitted >= 100, "never under-admits: {admitted}");
     assert!(
         admitted <= 130,
