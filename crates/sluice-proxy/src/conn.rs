@@ -23,7 +23,7 @@ use crate::error::{html_page, synthetic, Error, Kind, Side, Synthetic};
 use crate::forward::{self, ForwardInfo, OutFraming};
 use crate::pool::Checkout;
 use crate::server::Worker;
-use crate::snapshot::{CompiledRoute, HashOn, Snapshot, UpstreamRt};
+use crate::snapshot::{CompiledRoute, HashOn, NodeRt, Snapshot, UpstreamRt};
 
 mod mirror;
 mod plugin_body;
@@ -77,6 +77,32 @@ struct Failure {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    /// Writes the request head as it goes to `node` into `self.out` (cleared first): the same bytes whichever
+    /// protocol then carries it upstream.
+    fn upstream_head(
+        &mut self,
+        head: &RequestHead,
+        up: &UpstreamRt,
+        node: &NodeRt,
+        host: Option<&str>,
+        edits: Option<&sluice_plugins::Edits>,
+    ) {
+        self.out.clear();
+        forward::request_head(
+            head,
+            &ForwardInfo {
+                pass_host: &up.pass_host,
+                node,
+                client_ip: self.client_ip.as_bytes(),
+                server_port: &self.server_port,
+                scheme: self.scheme.as_bytes(),
+                host,
+            },
+            edits,
+            &mut self.out,
+        );
+    }
+
     pub(crate) fn new(
         io: S,
         peer: SocketAddr,
@@ -512,20 +538,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let reused = c.reused;
 
         // Request head, then body.
-        self.out.clear();
-        forward::request_head(
-            head,
-            &ForwardInfo {
-                pass_host: &up.pass_host,
-                node,
-                client_ip: self.client_ip.as_bytes(),
-                server_port: &self.server_port,
-                scheme: self.scheme.as_bytes(),
-                host,
-            },
-            pctx.as_deref().map(|c| &c.edits),
-            &mut self.out,
-        );
+        self.upstream_head(head, up, node, host, pctx.as_deref().map(|c| &c.edits));
         // APISIX passes Upgrade/Connection upstream only on `enable_websocket` routes; elsewhere they are dropped
         // as hop-by-hop and the upstream sees a plain request.
         let upgrade = if route.websocket && head.upgrade {

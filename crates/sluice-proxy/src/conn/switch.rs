@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::{Conn, Done, Failure, Stage};
 use crate::error::{Error, Kind};
-use crate::forward::{self, ForwardInfo, OutFraming};
+use crate::forward::{self, OutFraming};
 use crate::pool::Checkout;
 use crate::snapshot::{CompiledRoute, UpstreamRt};
 
@@ -33,20 +33,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         use crate::h2::upstream::{exchange, Progress, RespFilter};
         let up: &UpstreamRt = &route.upstream;
         let node = &up.nodes[node_idx];
-        self.out.clear();
-        forward::request_head(
-            head,
-            &ForwardInfo {
-                pass_host: &up.pass_host,
-                node,
-                client_ip: self.client_ip.as_bytes(),
-                server_port: &self.server_port,
-                scheme: self.scheme.as_bytes(),
-                host,
-            },
-            pctx.as_deref().map(|c| &c.edits),
-            &mut self.out,
-        );
+        self.upstream_head(head, up, node, host, pctx.as_deref().map(|c| &c.edits));
         // Edits and the X-Forwarded-* fields may lengthen a head that was within the limits.
         let l = self.w.shared.cfg.limits;
         let limits = Limits {
