@@ -5,75 +5,38 @@
 //! shape), that traffic then only reaches the live node, and APISIX's error bodies for unknown ids and types.
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::process::{Mock, TempDir};
+use crate::support::process::{Mock, Sluice, TempDir};
 use crate::support::{free_port, refused_addr, Client};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sluice");
-
+/// The gateway process (killed on drop) and the addresses a test talks to.
 struct Node {
-    child: Child,
+    _sluice: Sluice,
     gw: SocketAddr,
     control: SocketAddr,
-    _dir: TempDir,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn wait_listening(addr: SocketAddr, child: &mut Child) {
-    let end = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Ok(Some(st)) = child.try_wait() {
-            panic!("sluice exited early: {st}");
-        }
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return;
-        }
-        assert!(Instant::now() < end, "{addr} not listening after 15 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn start(apisix_yaml: &str) -> Node {
     let dir = TempDir::new("control");
     std::fs::write(dir.0.join("apisix.yaml"), apisix_yaml).expect("write apisix.yaml");
-    let (port, control) = (free_port(), free_port());
+    let (port, control_port) = (free_port(), free_port());
     let cfg = format!(
         "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  ssl:\n    enable: false\n\
-         \x20 enable_control: true\n  control:\n    ip: 127.0.0.1\n    port: {control}\n\
+         \x20 enable_control: true\n  control:\n    ip: 127.0.0.1\n    port: {control_port}\n\
          nginx_config:\n  worker_processes: 1\n\
          deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
          plugin_attr:\n  prometheus:\n    enable_export_server: false\n"
     );
     std::fs::write(dir.0.join("config.yaml"), cfg).expect("write config.yaml");
-    let mut child = Command::new(BIN)
-        .arg("start")
-        .arg("-c")
-        .arg(dir.0.join("config.yaml"))
-        .env("SLUICE_LOG", "error")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn sluice");
     let gw: SocketAddr = ([127, 0, 0, 1], port).into();
-    let control: SocketAddr = ([127, 0, 0, 1], control).into();
-    wait_listening(gw, &mut child).await;
-    wait_listening(control, &mut child).await;
+    let control: SocketAddr = ([127, 0, 0, 1], control_port).into();
     Node {
-        child,
+        _sluice: Sluice::spawn_in(dir, gw, &[control]).await,
         gw,
         control,
-        _dir: dir,
     }
 }
 

@@ -14,11 +14,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::process::{Mock, TempDir};
+use crate::support::process::{Mock, Sluice, TempDir};
 use crate::support::{free_port, Client};
 
 const ETCD: &str = "/usr/bin/etcd";
-const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const KEY: &str = "it-etcd-outage-key-0123456789";
 
 struct Etcd {
@@ -141,32 +140,11 @@ fn b64(data: &[u8]) -> String {
     out
 }
 
+/// The gateway process (killed on drop) and the addresses a test talks to.
 struct Node {
-    child: Child,
+    _sluice: Sluice,
     gw: SocketAddr,
     admin: SocketAddr,
-    _dir: TempDir,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn wait_listening(addr: SocketAddr, child: &mut Child) {
-    let end = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Ok(Some(st)) = child.try_wait() {
-            panic!("sluice exited early: {st}");
-        }
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return;
-        }
-        assert!(Instant::now() < end, "{addr} not listening after 15 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn start_node(etcd: SocketAddr) -> Node {
@@ -183,25 +161,12 @@ async fn start_node(etcd: SocketAddr) -> Node {
          sluice:\n  data_dir: data\n"
     );
     std::fs::write(dir.0.join("config.yaml"), cfg).expect("write config.yaml");
-    let mut child = Command::new(BIN)
-        .arg("start")
-        .arg("-c")
-        .arg(dir.0.join("config.yaml"))
-        .env("SLUICE_LOG", "error")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn sluice");
     let gw: SocketAddr = ([127, 0, 0, 1], port).into();
     let admin: SocketAddr = ([127, 0, 0, 1], admin_port).into();
-    wait_listening(gw, &mut child).await;
-    wait_listening(admin, &mut child).await;
     Node {
-        child,
+        _sluice: Sluice::spawn_in(dir, gw, &[admin]).await,
         gw,
         admin,
-        _dir: dir,
     }
 }
 

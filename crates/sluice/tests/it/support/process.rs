@@ -137,6 +137,20 @@ impl Sluice {
     }
 
     /// Replaces apisix.yaml atomically (write a temp file, rename over).
+    /// `sluice start` on `dir`, whose config.yaml the caller wrote, serving on `addr`; waits (bounded) until `addr`
+    /// and every address in `also` (Admin API, control API) accept. Panics if it exits or does not listen.
+    pub async fn spawn_in(dir: TempDir, addr: SocketAddr, also: &[SocketAddr]) -> Sluice {
+        let mut child = spawn_start(&dir);
+        for a in std::iter::once(addr).chain(also.iter().copied()) {
+            if let Err(e) = wait_listening(a, &mut child).await {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("sluice on {a}: {e}");
+            }
+        }
+        Sluice { child, addr, dir }
+    }
+
     pub fn write_config(&self, apisix_yaml: &str) {
         let tmp = self.dir.0.join("apisix.yaml.tmp");
         std::fs::write(&tmp, apisix_yaml).expect("write temp apisix.yaml");
