@@ -4,14 +4,15 @@
 //! PUT replaces (200), GET one (v3 envelope), list (`{total, list}`), PATCH merges, sub-path PATCH, POST (generated
 //! id) or APISIX's 405, DELETE (200), GET after delete (404). Nothing here checks plugin semantics.
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 use sluice_admin::{AdminConfig, AdminState, PluginCatalog};
 use sluice_store::kv::Store;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[path = "common/support.rs"]
+mod support;
+use support::{http, Etcd};
 
 struct NoPlugins;
 
@@ -55,28 +56,6 @@ async fn serve(store: Arc<dyn Store>) -> std::net::SocketAddr {
     let addr = l.local_addr().expect("addr");
     tokio::spawn(sluice_admin::serve(l, state));
     addr
-}
-
-async fn http(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(req.as_bytes()).await.expect("write");
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).await.expect("read");
-        String::from_utf8_lossy(&out).into_owned()
-    };
-    let text = tokio::time::timeout(Duration::from_secs(15), fut)
-        .await
-        .expect("answered within 15 s");
-    let (head, body) = text.split_once("\r\n\r\n").expect("head");
-    (
-        head[9..12].parse().expect("status"),
-        serde_json::from_str(body).unwrap_or(Value::Null),
-    )
 }
 
 /// One resource: its collection URL, an id, a valid body, a patch and the field the patch sets.
@@ -303,70 +282,12 @@ async fn every_verb_on_every_resource_embedded() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-struct Etcd(Child, std::path::PathBuf);
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        let _ = std::fs::remove_dir_all(&self.1);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_verb_on_every_resource_etcd() {
-    const ETCD: &str = "/usr/bin/etcd";
-    if !std::path::Path::new(ETCD).exists() {
-        eprintln!("skipping: {ETCD} not installed (apt-get install -y etcd-server)");
+    let Some(etcd) = Etcd::start("verbs") else {
         return;
-    }
-    let dir = std::env::temp_dir().join(format!("sluice-admin-verbs-etcd-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (cp, pp) = (free_port(), free_port());
-    let url = format!("http://127.0.0.1:{cp}");
-    let peer = format!("http://127.0.0.1:{pp}");
-    let child = Command::new(ETCD)
-        .args(["--name", "verbs", "--data-dir"])
-        .arg(&dir)
-        .args([
-            "--listen-client-urls",
-            &url,
-            "--advertise-client-urls",
-            &url,
-        ])
-        .args([
-            "--listen-peer-urls",
-            &peer,
-            "--initial-advertise-peer-urls",
-            &peer,
-        ])
-        .args(["--initial-cluster", &format!("verbs={peer}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn etcd");
-    let _etcd = Etcd(child, dir);
-    let cfg = sluice_store::etcd::EtcdConfig {
-        endpoints: vec![url],
-        prefix: "/apisix".into(),
-        timeout: Duration::from_secs(2),
     };
-    let mut store = None;
-    for _ in 0..100 {
-        if let Ok(s) = sluice_store::etcd::EtcdStore::connect(cfg.clone()).await {
-            store = Some(s);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let store = store.expect("etcd came up within 10 s");
+    let store = etcd.store().await;
     let addr = serve(Arc::new(store)).await;
     every_verb(addr, "etcd").await;
 }
