@@ -59,7 +59,7 @@ fn respond(reply: Reply) -> Response<Full<Bytes>> {
         .status(reply.status)
         .header("content-type", ctype)
         .header("x-api-version", "v3")
-        .header("server", concat!("Sluice/", env!("CARGO_PKG_VERSION")))
+        .header("server", "sluice")
         .body(Full::new(body))
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }

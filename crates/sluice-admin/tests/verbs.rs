@@ -1,6 +1,6 @@
 //! Every verb on every resource, against both stores (issue 4's "Done when"): the embedded redb store and a real
 //! etcd (`/usr/bin/etcd` on 127.0.0.1 ephemeral ports, temp data dir; that half is skipped with a message when
-//! etcd is not installed). One table of resources drives the same sequence on each backend: PUT creates (201),
+//! etcd is not installed, a failure under CI=true). One table of resources drives the same sequence on each backend: PUT creates (201),
 //! PUT replaces (200), GET one (v3 envelope), list (`{total, list}`), PATCH merges, sub-path PATCH, POST (generated
 //! id) or APISIX's 405, DELETE (200), GET after delete (404). Nothing here checks plugin semantics.
 

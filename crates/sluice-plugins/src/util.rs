@@ -120,14 +120,15 @@ impl LimitKey {
     }
 }
 
-/// nginx's default error page for `status`, which APISIX serves when a plugin returns a bare status.
+/// nginx's default error page for `status` (which APISIX serves when a plugin returns a bare status), signed with
+/// Sluice's own name like every other answer of the gateway.
 pub(crate) fn error_page(status: u16) -> Response {
     let reason = match status {
         503 => "Service Temporarily Unavailable",
         s => sluice_http::status_reason(s),
     };
     let body = format!(
-        "<html>\r\n<head><title>{status} {reason}</title></head>\r\n<body>\r\n<center><h1>{status} {reason}</h1></center>\r\n<hr><center>openresty</center>\r\n</body>\r\n</html>\r\n"
+        "<html>\r\n<head><title>{status} {reason}</title></head>\r\n<body>\r\n<center><h1>{status} {reason}</h1></center>\r\n<hr><center>sluice</center>\r\n</body>\r\n</html>\r\n"
     );
     Response {
         status,

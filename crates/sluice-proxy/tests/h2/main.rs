@@ -1,6 +1,8 @@
 //! HTTP/2 downstream through the real proxy: an in-process gateway on 127.0.0.1:0 (h2c by prior knowledge), an
 //! in-process HTTP/1.1 origin that echoes what reached it, and the `h2` crate as the client.
 
+#[path = "../common/ci.rs"]
+mod ci;
 mod grpc;
 mod h2spec;
 mod upgrade;

@@ -4,6 +4,8 @@
 
 mod auth;
 mod body;
+#[path = "../common/ci.rs"]
+mod ci;
 mod delays;
 mod groups;
 mod jwt;

@@ -386,21 +386,24 @@ async fn failure_mid_response_closes_the_client_connection() {
             "what the upstream sent, then the connection closes"
         );
 
-        // The upstream stalls inside a chunked body past the read timeout: same, no terminating chunk.
+        // The upstream stalls inside a chunked body (it sends nothing more until the gateway hangs up, so nothing
+        // but the 0.3 s read timeout can end the response): same, no terminating chunk. The origin used to resume
+        // after a fixed 500 ms; on a loaded machine the timeout could fire after that, the body then completed and
+        // the client waited for a close that never came.
         let mut c = Client::connect(gw.addr).await;
         let t0 = Instant::now();
-        c.send(b"GET /slowstream HTTP/1.1\r\nHost: t\r\n\r\n").await;
+        c.send(b"GET /stall HTTP/1.1\r\nHost: t\r\n\r\n").await;
         let (status, _, _) = c.read_head().await;
         assert_eq!(status, 200);
         let rest = c.read_to_eof().await;
         assert!(
-            t0.elapsed() < Duration::from_millis(490),
-            "closed on the read timeout: {:?}",
+            t0.elapsed() >= Duration::from_millis(300),
+            "closed before the read timeout: {:?}",
             t0.elapsed()
         );
         let rest = String::from_utf8_lossy(&rest).into_owned();
         assert!(
-            rest.contains("first") && !rest.contains("second") && !rest.ends_with("0\r\n\r\n"),
+            rest.contains("first") && !rest.ends_with("0\r\n\r\n"),
             "{rest:?}"
         );
     })

@@ -69,7 +69,8 @@ struct State {
 /// (the first of these keywords among the path's segments counts, so `/prefix/delay/100` delays)
 /// `/echo` body = request body; `/len` body = `len=N sum=S`; `/delay/MS`; `/status/CODE`; `/chunked/N` N chunks;
 /// `/large/BYTES` a Content-Length body of `pattern(i)` bytes written in 64 KiB pieces; `/eof/BYTES` a close-delimited
-/// body; `/slowstream` a chunk, 500 ms pause, another chunk; `/hop` a response carrying hop-by-hop fields;
+/// body; `/slowstream` a chunk, 500 ms pause, another chunk; `/stall` a chunk, then nothing more until the peer
+/// closes (bounded at 30 s), so that only the gateway's read timeout can end it; `/hop` a response carrying hop-by-hop fields;
 /// `/truncate/N` announces 2N body bytes, sends N and closes; `/close` close without a response; anything else: 200 with the origin's name as body.
 /// Every response carries `X-Origin: name`, `X-Seen-Host` and `X-Seen-Target`.
 #[derive(Clone)]
@@ -299,7 +300,7 @@ fn reason(s: u16) -> &'static str {
     }
 }
 
-const KEYWORDS: [&str; 11] = [
+const KEYWORDS: [&str; 12] = [
     "truncate",
     "echo",
     "len",
@@ -309,6 +310,7 @@ const KEYWORDS: [&str; 11] = [
     "hop",
     "chunked",
     "slowstream",
+    "stall",
     "large",
     "eof",
 ];
@@ -384,6 +386,22 @@ async fn respond(s: &mut TcpStream, rec: &Recorded, st: &State) -> bool {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
             s.write_all(b"6\r\nsecond\r\n0\r\n\r\n").await.is_ok()
+        }
+        "stall" => {
+            let h = head(200, st, rec, "Transfer-Encoding: chunked\r\n\r\n");
+            if s.write_all(format!("{h}5\r\nfirst\r\n").as_bytes())
+                .await
+                .is_err()
+            {
+                return false;
+            }
+            // Nothing more is sent: wait for the gateway to give up on this connection (EOF or reset).
+            let mut scratch = [0u8; 512];
+            let _ = tokio::time::timeout(Duration::from_secs(30), async {
+                while matches!(s.read(&mut scratch).await, Ok(n) if n > 0) {}
+            })
+            .await;
+            false
         }
         "truncate" => {
             // Announces twice the bytes it sends, then closes.
