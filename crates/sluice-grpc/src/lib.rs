@@ -1,0 +1,7 @@
+//! placeholder
+pub mod fields;
+pub mod frame;
+pub mod options;
+pub mod proto;
+pub mod status;
+pub mod transcode;
