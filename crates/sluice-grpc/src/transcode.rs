@@ -2,7 +2,8 @@
 
 use prost::Message as _;
 use prost_reflect::{
-    DeserializeOptions, DynamicMessage, Kind, MessageDescriptor, MethodDescriptor,
+    DeserializeOptions, DynamicMessage, FieldDescriptor, Kind, MessageDescriptor, MethodDescriptor,
+    ReflectMessage, Value,
 };
 
 use crate::fields::{parse_query, set_path, BytesText};
@@ -73,6 +74,7 @@ pub struct Transcoder {
     /// `Err(name)` when `status_detail_type` names no message: APISIX only fails when a detail is decoded.
     detail_type: Option<Result<MessageDescriptor, String>>,
     max_resp_body_size: usize,
+    response_body: Option<FieldDescriptor>,
 }
 
 impl Transcoder {
@@ -83,17 +85,20 @@ impl Transcoder {
         method: &str,
         config: &TranscodeConfig,
     ) -> Result<Self, LookupError> {
-        let m = proto.method(service, method)?;
+        Ok(Self::for_method(proto.method(service, method)?, config))
+    }
+
+    /// A transcoder for a method already looked up.
+    pub fn for_method(m: MethodDescriptor, config: &TranscodeConfig) -> Self {
         let detail_type = config.status_detail_type.as_ref().map(|name| {
-            proto
-                .pool()
+            m.parent_pool()
                 .get_message_by_name(name)
                 .ok_or_else(|| name.clone())
         });
         // APISIX: `dl .. "m"` with a Lua number; whole milliseconds are what gRPC's TimeoutValue allows.
         let grpc_timeout = (config.deadline_ms > 0.0)
             .then(|| format!("{}m", config.deadline_ms.ceil().min(99_999_999.0) as u64));
-        Ok(Transcoder {
+        Transcoder {
             path: format!("/{}/{}", m.parent_service().full_name(), m.name()),
             method: m,
             grpc_timeout,
@@ -101,7 +106,14 @@ impl Transcoder {
             show_status_in_body: config.show_status_in_body,
             detail_type,
             max_resp_body_size: config.max_resp_body_size.max(1),
-        })
+            response_body: None,
+        }
+    }
+
+    /// google.api.http `response_body`: only this field of the response message is sent.
+    pub(crate) fn with_response_body(mut self, field: Option<FieldDescriptor>) -> Self {
+        self.response_body = field;
+        self
     }
 
     pub fn method(&self) -> &MethodDescriptor {
@@ -281,7 +293,9 @@ pub(crate) fn encode_message(msg: &DynamicMessage, out: &mut Vec<u8>) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TranscodedResponse {
     pub status: u16,
-    /// Always sent as `Content-Type: application/json` (APISIX sets it before knowing the body).
+    /// `None`: `application/json` (APISIX sets it before knowing the body). `Some`: the `content_type` of a
+    /// `google.api.HttpBody` response.
+    pub content_type: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -329,18 +343,27 @@ impl UnaryResponse<'_> {
                 }
                 _ => self.body,
             };
-            return Some(TranscodedResponse { status, body });
+            return Some(TranscodedResponse {
+                status,
+                content_type: None,
+                body,
+            });
         }
         match self.decode() {
-            Some(body) => Some(TranscodedResponse { status: 200, body }),
+            Some((content_type, body)) => Some(TranscodedResponse {
+                status: 200,
+                content_type,
+                body,
+            }),
             None => Some(TranscodedResponse {
                 status: 502,
+                content_type: None,
                 body: DECODE_FAILED.as_bytes().to_vec(),
             }),
         }
     }
 
-    fn decode(&self) -> Option<Vec<u8>> {
+    fn decode(&self) -> Option<(Option<String>, Vec<u8>)> {
         if self.truncated {
             return None;
         }
@@ -355,10 +378,64 @@ impl UnaryResponse<'_> {
             return None;
         }
         let msg = DynamicMessage::decode(self.t.method.output(), payload).ok()?;
-        let mut out = Vec::with_capacity(64);
-        write_json(&msg, self.t.pb, &mut out);
-        Some(out)
+        Some(render_response(
+            &msg,
+            self.t.response_body.as_ref(),
+            self.t.pb,
+        ))
     }
+}
+
+/// The body for a response message: the whole message, or its `response_body` field; a `google.api.HttpBody`
+/// is sent raw with its own content type.
+fn render_response(
+    msg: &DynamicMessage,
+    field: Option<&FieldDescriptor>,
+    pb: PbOptions,
+) -> (Option<String>, Vec<u8>) {
+    let mut out = Vec::with_capacity(64);
+    let Some(field) = field else {
+        if let Some(raw) = http_body(msg) {
+            return raw;
+        }
+        write_json(msg, pb, &mut out);
+        return (None, out);
+    };
+    let value = msg.get_field(field);
+    match value.as_ref() {
+        Value::Message(m) if !field.is_list() => {
+            if let Some(raw) = http_body(m) {
+                return raw;
+            }
+            write_json(m, pb, &mut out);
+        }
+        _ => {
+            // A scalar, list or map: render the message and take the field's JSON out of it.
+            let mut only = DynamicMessage::new(msg.descriptor());
+            only.set_field(field, value.into_owned());
+            let opts = pb.serialize_options();
+            let json = only
+                .serialize_with_options(serde_json::value::Serializer, &opts)
+                .expect("serializing to a Value cannot fail");
+            let v = json
+                .get(field.name())
+                .cloned()
+                .unwrap_or(serde_json::Value::Null);
+            serde_json::to_writer(&mut out, &v).expect("writing to a Vec cannot fail");
+        }
+    }
+    (None, out)
+}
+
+pub(crate) const HTTP_BODY: &str = "google.api.HttpBody";
+
+fn http_body(msg: &DynamicMessage) -> Option<(Option<String>, Vec<u8>)> {
+    if msg.descriptor().full_name() != HTTP_BODY {
+        return None;
+    }
+    let ct = msg.get_field_by_name("content_type")?.as_str()?.to_owned();
+    let data = msg.get_field_by_name("data")?.as_bytes()?.to_vec();
+    Some((Some(ct), data))
 }
 
 pub(crate) fn write_json(msg: &DynamicMessage, pb: PbOptions, out: &mut Vec<u8>) {
@@ -929,6 +1006,7 @@ mod tests {
             out.body,
             b"failed to call pb.decode to decode details in grpc-status-details-bin"
         );
+        assert_eq!(out.content_type, None);
     }
 
     #[test]
