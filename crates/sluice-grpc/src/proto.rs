@@ -34,6 +34,12 @@ const BUNDLED: &[(&str, &str)] = &[
     ),
 ];
 
+/// The bundled `google/api` and `google/rpc` files as `(import path, text)`, e.g. to give `protoc` the same
+/// include tree when building a descriptor set.
+pub fn bundled_files() -> &'static [(&'static str, &'static str)] {
+    BUNDLED
+}
+
 /// Why a proto resource's `content` was refused. `Display` is the compiler's message, ready for the Admin API's
 /// `{"error_msg":"invalid content: ..."}` (APISIX's wording around it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -215,10 +221,15 @@ fn compile_descriptor_set(content: &str) -> Option<Result<DescriptorPool, Compil
     if set.file.is_empty() {
         return None;
     }
-    Some(link_descriptor_set(set))
+    Some(link_descriptor_set(&set, &bytes))
 }
 
-fn link_descriptor_set(set: FileDescriptorSet) -> Result<DescriptorPool, CompileError> {
+/// `set` is `bytes` decoded, used only for file names and dependencies: the pool is built from `bytes` so that
+/// options keep their extensions (`google.api.http`), which prost-types' structs drop.
+fn link_descriptor_set(
+    set: &FileDescriptorSet,
+    bytes: &[u8],
+) -> Result<DescriptorPool, CompileError> {
     // A set built without --include_imports lacks the bundled dependencies: supply the missing ones.
     let present: HashSet<&str> = set.file.iter().filter_map(|f| f.name.as_deref()).collect();
     let mut missing: Vec<String> = Vec::new();
@@ -235,7 +246,7 @@ fn link_descriptor_set(set: FileDescriptorSet) -> Result<DescriptorPool, Compile
     for dep in &missing {
         add_with_deps(&mut pool, bundled, dep, &present, &mut added)?;
     }
-    pool.add_file_descriptor_set(set)
+    pool.decode_file_descriptor_set(bytes)
         .map_err(|e| CompileError(format!("invalid descriptor set: {e}")))?;
     Ok(pool)
 }
