@@ -27,12 +27,22 @@ pub(crate) fn find_field(desc: &MessageDescriptor, name: &str) -> Option<FieldDe
 /// Sets the field at dotted `path` (`a.b.c`) of `msg` from `text`. A repeated field gets `text` appended.
 /// `None` text is a bare query key (`?flag`): `true` for a bool field, the empty string otherwise.
 /// Returns `Ok(false)` if the path names no field (callers ignore unknown arguments, as APISIX does).
+/// Deepest dotted path accepted: a key like `next.next.next...` on a recursive message would otherwise recurse
+/// once per dot of an attacker-sized query string.
+pub(crate) const MAX_PATH_DEPTH: usize = 32;
+
 pub(crate) fn set_path(
     msg: &mut DynamicMessage,
     path: &str,
     text: Option<&str>,
     bytes: BytesText,
 ) -> Result<bool, String> {
+    if path.bytes().filter(|&b| b == b'.').count() >= MAX_PATH_DEPTH {
+        return Err(format!(
+            "field path \"{}...\" is deeper than {MAX_PATH_DEPTH} levels",
+            &path[..path.len().min(64)]
+        ));
+    }
     set_path_in(msg, path, path, text, bytes)
 }
 

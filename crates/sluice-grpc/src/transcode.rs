@@ -569,7 +569,7 @@ mod tests {
           rpc Stream (HelloRequest) returns (stream HelloReply) {}
         }
         enum Gender { GENDER_UNKNOWN = 0; GENDER_MALE = 1; GENDER_FEMALE = 2; }
-        message Person { string name = 1; int32 age = 2; }
+        message Person { string name = 1; int32 age = 2; Person next = 3; }
         message HelloRequest {
           string name = 1;
           repeated string items = 2;
@@ -758,6 +758,71 @@ mod tests {
             }
         )
         .is_err());
+    }
+
+    #[test]
+    fn hostile_depth_is_refused_not_a_stack_overflow() {
+        let t = transcoder("SayHello", Default::default());
+        // A dotted query key one level per dot on a recursive message.
+        let key = format!("person{}.name", ".next".repeat(100_000));
+        let query = format!("{key}=x");
+        let e = request(
+            &t,
+            HttpRequest {
+                method: "GET",
+                query: query.as_bytes(),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.0.contains("deeper than"), "{e}");
+        let ok = format!("person{}.name=x", ".next".repeat(30));
+        assert!(request(
+            &t,
+            HttpRequest {
+                method: "GET",
+                query: ok.as_bytes(),
+                ..Default::default()
+            }
+        )
+        .is_ok());
+        // JSON nesting past serde_json's recursion limit.
+        let deep = format!(
+            "{{\"person\":{}{}}}",
+            "{\"next\":".repeat(10_000),
+            "}".repeat(10_000)
+        );
+        assert!(request(&t, json_post(&deep)).is_err());
+    }
+
+    #[test]
+    fn deeply_nested_response_message_is_a_decode_error() {
+        let t = transcoder("SayHello", Default::default());
+        // HelloReply.person (4) { next (3) { next { ... } } }, 100k levels, built inside out.
+        let mut inner: Vec<u8> = Vec::new();
+        for i in 0..100_000 {
+            let tag = if i == 99_999 { 0x22 } else { 0x1a };
+            let mut len = Vec::new();
+            let mut n = inner.len();
+            loop {
+                let b = (n & 0x7f) as u8;
+                n >>= 7;
+                if n == 0 {
+                    len.push(b);
+                    break;
+                }
+                len.push(b | 0x80);
+            }
+            let mut next = vec![tag];
+            next.extend(len);
+            next.extend(inner);
+            inner = next;
+        }
+        let mut wire = Vec::new();
+        encode_frame(&inner, &mut wire);
+        let mut r = t.unary_response();
+        r.push(&wire);
+        assert_eq!(r.finish(200, &OK).unwrap().status, 502);
     }
 
     #[test]

@@ -6,7 +6,11 @@ use sluice_grpc::frame::Deframer;
 fuzz_target!(|data: &[u8]| {
     let split = data.first().map_or(1, |b| (*b as usize % 16) + 1);
     for web in [false, true] {
-        let mut d = if web { Deframer::grpc_web(1 << 16) } else { Deframer::new(1 << 16) };
+        let mut d = if web {
+            Deframer::grpc_web(1 << 16)
+        } else {
+            Deframer::new(1 << 16)
+        };
         let mut total = 0;
         for chunk in data.chunks(split) {
             d.push(chunk);

@@ -38,12 +38,24 @@ fn setup() -> &'static (Transcoder, HttpRouter) {
 
 fuzz_target!(|data: &[u8]| {
     let (t, router) = setup();
-    let Some((&sel, rest)) = data.split_first() else { return };
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
     let cut = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
     let (query, body) = (&rest[..cut], rest.get(cut + 1..).unwrap_or(&[]));
     let method = ["GET", "POST", "PUT", "PATCH"][sel as usize % 4];
-    let ct = ["application/json", "application/x-www-form-urlencoded", "text/plain"][(sel as usize / 4) % 3];
-    let req = HttpRequest { method, content_type: Some(ct), query, body, params: &[] };
+    let ct = [
+        "application/json",
+        "application/x-www-form-urlencoded",
+        "text/plain",
+    ][(sel as usize / 4) % 3];
+    let req = HttpRequest {
+        method,
+        content_type: Some(ct),
+        query,
+        body,
+        params: &[],
+    };
     let mut out = Vec::new();
     if t.encode_request(&req, &mut out).is_ok() {
         assert!(out.len() >= 5 && out[0] == 0);

@@ -33,12 +33,26 @@ fuzz_target!(|data: &[u8]| {
     let (details, body) = (&data[..cut], data.get(cut + 1..).unwrap_or(&[]));
     let mut r = t.unary_response();
     r.push(body);
-    let _ = r.finish(200, &GrpcStatus { code: Some(b"0"), ..Default::default() });
+    let _ = r.finish(
+        200,
+        &GrpcStatus {
+            code: Some(b"0"),
+            ..Default::default()
+        },
+    );
     let r = t.unary_response();
-    let status = GrpcStatus { code: Some(b"3"), message: Some(details), details_bin: Some(details) };
+    let status = GrpcStatus {
+        code: Some(b"3"),
+        message: Some(details),
+        details_bin: Some(details),
+    };
     let out = r.finish(200, &status).unwrap();
     assert_eq!(out.status, 400);
-    for format in [StreamFormat::JsonArray, StreamFormat::Ndjson, StreamFormat::Sse] {
+    for format in [
+        StreamFormat::JsonArray,
+        StreamFormat::Ndjson,
+        StreamFormat::Sse,
+    ] {
         let mut s = t.stream_response(format);
         let mut out = Vec::new();
         for chunk in body.chunks(7) {
