@@ -52,7 +52,7 @@ pub struct HttpRequest<'a> {
     pub params: &'a [(&'a str, &'a str)],
 }
 
-/// A request that cannot be transcoded: answer 400 with [`RequestError::message`].
+/// A request that cannot be transcoded: answer 400 with this message (its `Display`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct RequestError(pub String);
@@ -623,6 +623,14 @@ mod tests {
             body: body.as_bytes(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn compiled_config_is_shareable_across_workers() {
+        fn shared<T: Send + Sync + Clone + 'static>() {}
+        shared::<Transcoder>();
+        shared::<crate::HttpRouter>();
+        shared::<crate::ProtoSet>();
     }
 
     #[test]
