@@ -25,10 +25,6 @@ use serde_json::Value;
 /// What a viewer sees instead of a secret.
 pub const REDACTED: &str = "<redacted>";
 
-/// APISIX's default keyring (apisix/cli/config.lua), so data an APISIX node with default settings wrote reads
-/// here too. These keys are public: set your own.
-pub const APISIX_DEFAULT_KEYRING: [&str; 2] = ["qeddd145sfvddff3", "edd1c9f0985e76a2"];
-
 /// ngx.encode_base64 writes padded standard base64; decoding accepts it with or without the padding.
 const B64: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::STANDARD,
@@ -218,7 +214,8 @@ impl DataEncryption {
         if self.keyring.is_empty() {
             return;
         }
-        self.each(key, v, &mut |at, path, class| {
+        let (kind, id) = split(key);
+        self.each(kind, id, v, &mut |at, path, class| {
             let on = match class {
                 Class::Pem => true,
                 Class::Plugin => self.encrypt_fields,
@@ -238,34 +235,43 @@ impl DataEncryption {
 
     /// Decrypts, in place, what [`DataEncryption::encrypt`] encrypted; a value no key decrypts stays as it is.
     pub fn decrypt(&self, key: &str, v: &mut Value) {
-        self.decrypt_classes(key, v, true);
+        let (kind, id) = split(key);
+        self.decrypt_classes(kind, id, v, true);
     }
 
     /// The value as the data plane must see it: decrypted, and copied only when it may hold an encrypted field.
     pub fn decrypted<'a>(&self, key: &str, v: &'a Value) -> Cow<'a, Value> {
-        if self.keyring.is_empty() || !self.may_hold_secrets(key, v) {
+        let (kind, id) = split(key);
+        self.decrypted_at(kind, id, v)
+    }
+
+    /// As [`DataEncryption::decrypted`] for the key `{kind}/{id}`, without building it.
+    pub fn decrypted_at<'a>(&self, kind: &str, id: &str, v: &'a Value) -> Cow<'a, Value> {
+        if self.keyring.is_empty() || !may_hold_secrets(kind, v) {
             return Cow::Borrowed(v);
         }
         let mut owned = v.clone();
-        self.decrypt(key, &mut owned);
+        self.decrypt_classes(kind, id, &mut owned, true);
         Cow::Owned(owned)
     }
 
     /// What APISIX's Admin API answers a GET with: SSL private keys removed, plugins' `encrypt_fields` decrypted
     /// (with `enable_encrypt_fields`), everything else as stored (an upstream's `tls.client_key` stays encrypted).
     pub fn admin_view(&self, key: &str, v: &mut Value) {
-        if key.starts_with("ssls/") {
+        let (kind, id) = split(key);
+        if kind == "ssls" {
             if let Some(o) = v.as_object_mut() {
                 o.remove("key");
                 o.remove("keys");
             }
         }
-        self.decrypt_classes(key, v, false);
+        self.decrypt_classes(kind, id, v, false);
     }
 
     /// Replaces every secret of the value at `key` with [`REDACTED`], encrypted or not.
     pub fn redact(&self, key: &str, v: &mut Value) {
-        self.each(key, v, &mut |at, path, class| {
+        let (kind, id) = split(key);
+        self.each(kind, id, v, &mut |at, path, class| {
             if class == Class::Everything {
                 redact_strings(at);
             } else {
@@ -274,11 +280,11 @@ impl DataEncryption {
         });
     }
 
-    fn decrypt_classes(&self, key: &str, v: &mut Value, pem: bool) {
+    fn decrypt_classes(&self, kind: &str, id: &str, v: &mut Value, pem: bool) {
         if self.keyring.is_empty() {
             return;
         }
-        self.each(key, v, &mut |at, path, class| {
+        self.each(kind, id, v, &mut |at, path, class| {
             let on = match class {
                 Class::Pem => pem,
                 Class::Plugin => self.encrypt_fields,
@@ -296,23 +302,15 @@ impl DataEncryption {
         });
     }
 
-    /// A cheap over-approximation of "`each` would visit something", so most values are not copied.
-    fn may_hold_secrets(&self, key: &str, v: &Value) -> bool {
-        let has = |f: &str| v.get(f).is_some();
-        match key.split('/').next().unwrap_or("") {
-            "ssls" => has("key") || has("keys"),
-            "upstreams" => has("tls"),
-            "routes" | "services" | "stream_routes" => has("upstream") || has("plugins"),
-            "global_rules" | "plugin_configs" | "consumer_groups" | "consumers" => has("plugins"),
-            "plugin_metadata" => true,
-            _ => false,
-        }
-    }
-
-    /// Calls `f(container, field path, class)` for every secret field the value at `key` may hold.
-    fn each(&self, key: &str, v: &mut Value, f: &mut dyn FnMut(&mut Value, &str, Class)) {
-        let mut segs = key.split('/');
-        match segs.next().unwrap_or("") {
+    /// Calls `f(container, field path, class)` for every secret field the value at `{kind}/{id}` may hold.
+    fn each(
+        &self,
+        kind: &str,
+        id: &str,
+        v: &mut Value,
+        f: &mut dyn FnMut(&mut Value, &str, Class),
+    ) {
+        match kind {
             "ssls" => {
                 f(v, "key", Class::Pem);
                 f(v, "keys", Class::Pem);
@@ -327,14 +325,11 @@ impl DataEncryption {
             "global_rules" | "plugin_configs" | "consumer_groups" => self.plugins(v, false, f),
             // Consumers and their credentials (`consumers/{user}/credentials/{id}`).
             "consumers" => self.plugins(v, true, f),
-            "plugin_metadata" => {
-                let name = segs.next().unwrap_or("");
-                match (self.plugins)(name) {
-                    Some(s) => s.metadata.iter().for_each(|p| f(v, p, Class::Plugin)),
-                    None => f(v, "", Class::Everything),
-                }
-            }
-            "secrets" => match manager_fields(segs.next().unwrap_or("")) {
+            "plugin_metadata" => match (self.plugins)(id) {
+                Some(s) => s.metadata.iter().for_each(|p| f(v, p, Class::Plugin)),
+                None => f(v, "", Class::Everything),
+            },
+            "secrets" => match manager_fields(id.split('/').next().unwrap_or("")) {
                 Some(list) => list.iter().for_each(|p| f(v, p, Class::Hidden)),
                 None => f(v, "", Class::Everything),
             },
@@ -363,6 +358,24 @@ impl DataEncryption {
 
 /// APISIX's `process_encrypt_field`: walks a dotted path (through arrays at intermediate segments) and applies
 /// `op` to a string leaf, each string of an array leaf, or each string value of a map leaf.
+/// `routes/1` -> (`routes`, `1`); `consumers/jack/credentials/c1` -> (`consumers`, `jack/credentials/c1`).
+fn split(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or((key, ""))
+}
+
+/// A cheap over-approximation of "`each` would visit something", so most values are not copied.
+fn may_hold_secrets(kind: &str, v: &Value) -> bool {
+    let has = |f: &str| v.get(f).is_some();
+    match kind {
+        "ssls" => has("key") || has("keys"),
+        "upstreams" => has("tls"),
+        "routes" | "services" | "stream_routes" => has("upstream") || has("plugins"),
+        "global_rules" | "plugin_configs" | "consumer_groups" | "consumers" => has("plugins"),
+        "plugin_metadata" => true,
+        _ => false,
+    }
+}
+
 fn leaves(v: &mut Value, path: &str, op: &mut dyn FnMut(&mut String)) {
     match path.split_once('.') {
         None => match v.get_mut(path) {
