@@ -5,8 +5,10 @@
 //!   standard base64. Encryption uses the first entry; decryption tries every entry in order, and a value no entry
 //!   decrypts is used as it is. SSL private keys (`ssls` `key`/`keys`, upstream `tls.client_key`) are encrypted
 //!   whenever a keyring is set and only while they are PEM (`---` prefix); plugin fields listed in the plugin's
-//!   `encrypt_fields` only with `enable_encrypt_fields`. Nothing else is encrypted, so a store shared with APISIX
-//!   reads the same from both sides.
+//!   `encrypt_fields` only with `enable_encrypt_fields`, and so are secret managers' credentials (vault `token`,
+//!   aws `secret_access_key`/`session_token`, gcp `auth_config.private_key`), which APISIX stores in clear: Sluice
+//!   reads APISIX's clear values as they are, but an APISIX node sharing the etcd would not read those Sluice
+//!   wrote.
 //! - **redaction** for read-only (viewer) Admin API keys: every field above plus the secret managers'
 //!   credentials, and the whole configuration of a plugin Sluice does not know (its secret fields are unknown).
 //!
@@ -144,7 +146,7 @@ impl SecretFields {
 pub type PluginFields = fn(&str) -> Option<&'static SecretFields>;
 
 /// Secret-manager credentials (`/apisix/secrets/{manager}/{id}`, apisix/secret/*.lua). APISIX stores them as
-/// given, so they are redacted but not encrypted.
+/// given; Sluice encrypts them like plugin fields so no credential is kept in clear.
 fn manager_fields(manager: &str) -> Option<&'static [&'static str]> {
     match manager {
         "vault" => Some(&["token"]),
@@ -160,8 +162,8 @@ enum Class {
     Pem,
     /// A plugin's `encrypt_fields`: encrypted with `enable_encrypt_fields`.
     Plugin,
-    /// Redacted, never encrypted.
-    Hidden,
+    /// A secret manager's credential: encrypted with `enable_encrypt_fields` (a Sluice addition).
+    Manager,
     /// Unknown secrets: every string inside is redacted.
     Everything,
 }
@@ -218,8 +220,8 @@ impl DataEncryption {
         self.each(kind, id, v, &mut |at, path, class| {
             let on = match class {
                 Class::Pem => true,
-                Class::Plugin => self.encrypt_fields,
-                Class::Hidden | Class::Everything => false,
+                Class::Plugin | Class::Manager => self.encrypt_fields,
+                Class::Everything => false,
             };
             if on {
                 leaves(at, path, &mut |s| {
@@ -255,8 +257,8 @@ impl DataEncryption {
         Cow::Owned(owned)
     }
 
-    /// What APISIX's Admin API answers a GET with: SSL private keys removed, plugins' `encrypt_fields` decrypted
-    /// (with `enable_encrypt_fields`), everything else as stored (an upstream's `tls.client_key` stays encrypted).
+    /// What APISIX's Admin API answers a GET with: SSL private keys removed, plugins' `encrypt_fields` (and secret
+    /// managers' credentials) decrypted, everything else as stored (an upstream's `tls.client_key` stays encrypted).
     pub fn admin_view(&self, key: &str, v: &mut Value) {
         let (kind, id) = split(key);
         if kind == "ssls" {
@@ -287,8 +289,8 @@ impl DataEncryption {
         self.each(kind, id, v, &mut |at, path, class| {
             let on = match class {
                 Class::Pem => pem,
-                Class::Plugin => self.encrypt_fields,
-                Class::Hidden | Class::Everything => false,
+                Class::Plugin | Class::Manager => self.encrypt_fields,
+                Class::Everything => false,
             };
             if on {
                 leaves(at, path, &mut |s| {
@@ -330,7 +332,7 @@ impl DataEncryption {
                 None => f(v, "", Class::Everything),
             },
             "secrets" => match manager_fields(id.split('/').next().unwrap_or("")) {
-                Some(list) => list.iter().for_each(|p| f(v, p, Class::Hidden)),
+                Some(list) => list.iter().for_each(|p| f(v, p, Class::Manager)),
                 None => f(v, "", Class::Everything),
             },
             _ => {}
@@ -371,7 +373,7 @@ fn may_hold_secrets(kind: &str, v: &Value) -> bool {
         "upstreams" => has("tls"),
         "routes" | "services" | "stream_routes" => has("upstream") || has("plugins"),
         "global_rules" | "plugin_configs" | "consumer_groups" | "consumers" => has("plugins"),
-        "plugin_metadata" => true,
+        "plugin_metadata" | "secrets" => true,
         _ => false,
     }
 }

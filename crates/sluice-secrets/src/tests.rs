@@ -178,6 +178,16 @@ fn encrypts_exactly_the_declared_fields_and_decrypts_them_back() {
     d.encrypt("consumers/jack/credentials/c1", &mut consumer);
     assert_ne!(consumer["plugins"]["key-auth"]["key"], "k-1");
     assert_ne!(consumer["plugins"]["limit-count"]["redis_password"], "pw");
+    let mut vault = json!({"uri": "http://v", "token": "hvs.secret"});
+    d.encrypt("secrets/vault/1", &mut vault);
+    assert_eq!(vault["uri"], "http://v");
+    assert_eq!(
+        openssl(true, K1, vault["token"].as_str().unwrap()),
+        "hvs.secret"
+    );
+    let mut view = vault.clone();
+    d.admin_view("secrets/vault/1", &mut view);
+    assert_eq!(view["token"], "hvs.secret");
     let mut meta = json!({"token": "t", "other": "o"});
     d.encrypt("plugin_metadata/limit-count", &mut meta);
     assert_ne!(meta["token"], "t");
