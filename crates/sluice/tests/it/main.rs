@@ -12,6 +12,7 @@ mod etcd_outage;
 mod proxy;
 mod reload;
 mod routing;
+mod secrets;
 mod seed;
 mod shutdown;
 mod support;
