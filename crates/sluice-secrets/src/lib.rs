@@ -249,7 +249,7 @@ impl DataEncryption {
 
     /// As [`DataEncryption::decrypted`] for the key `{kind}/{id}`, without building it.
     pub fn decrypted_at<'a>(&self, kind: &str, id: &str, v: &'a Value) -> Cow<'a, Value> {
-        if self.keyring.is_empty() || !may_hold_secrets(kind, v) {
+        if self.keyring.is_empty() || !self.may_hold_secrets(kind, v) {
             return Cow::Borrowed(v);
         }
         let mut owned = v.clone();
@@ -302,6 +302,42 @@ impl DataEncryption {
                 });
             }
         });
+    }
+
+    /// Whether the value has a field `decrypt` would touch (checked by top-level name only), so values without
+    /// one, most routes among them, are not copied.
+    fn may_hold_secrets(&self, kind: &str, v: &Value) -> bool {
+        let has = |o: &Value, path: &str| o.get(path.split('.').next().unwrap_or(path)).is_some();
+        let client_key = |u: Option<&Value>| {
+            u.and_then(|u| u.get("tls"))
+                .is_some_and(|t| t.get("client_key").is_some())
+        };
+        let plugins = |consumer: bool| {
+            v.get("plugins")
+                .and_then(Value::as_object)
+                .is_some_and(|ps| {
+                    ps.iter().any(|(name, conf)| {
+                        (self.plugins)(name).is_some_and(|s| {
+                            let list = match (consumer, s.consumer) {
+                                (true, Some(c)) => c,
+                                _ => s.conf,
+                            };
+                            list.iter().any(|p| has(conf, p))
+                        })
+                    })
+                })
+        };
+        match kind {
+            "ssls" => has(v, "key") || has(v, "keys"),
+            "upstreams" => client_key(Some(v)),
+            "routes" | "services" | "stream_routes" => {
+                client_key(v.get("upstream")) || plugins(false)
+            }
+            "global_rules" | "plugin_configs" | "consumer_groups" => plugins(false),
+            "consumers" => plugins(true),
+            "plugin_metadata" | "secrets" => true,
+            _ => false,
+        }
     }
 
     /// Calls `f(container, field path, class)` for every secret field the value at `{kind}/{id}` may hold.
@@ -363,19 +399,6 @@ impl DataEncryption {
 /// `routes/1` -> (`routes`, `1`); `consumers/jack/credentials/c1` -> (`consumers`, `jack/credentials/c1`).
 fn split(key: &str) -> (&str, &str) {
     key.split_once('/').unwrap_or((key, ""))
-}
-
-/// A cheap over-approximation of "`each` would visit something", so most values are not copied.
-fn may_hold_secrets(kind: &str, v: &Value) -> bool {
-    let has = |f: &str| v.get(f).is_some();
-    match kind {
-        "ssls" => has("key") || has("keys"),
-        "upstreams" => has("tls"),
-        "routes" | "services" | "stream_routes" => has("upstream") || has("plugins"),
-        "global_rules" | "plugin_configs" | "consumer_groups" | "consumers" => has("plugins"),
-        "plugin_metadata" | "secrets" => true,
-        _ => false,
-    }
 }
 
 fn leaves(v: &mut Value, path: &str, op: &mut dyn FnMut(&mut String)) {

@@ -1,6 +1,8 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use std::borrow::Cow;
+
 use serde_json::{json, Value};
 
 use super::*;
@@ -172,6 +174,10 @@ fn encrypts_exactly_the_declared_fields_and_decrypts_them_back() {
     d.decrypt("routes/1", &mut back);
     assert_eq!(back, orig);
     assert_eq!(*d.decrypted("routes/1", &route), orig);
+    // Values without a secret field are not copied.
+    let plain = json!({"uri": "/y", "upstream": {"nodes": {"a:1": 1}}, "plugins": {"echo": {}, "key-auth": {}}});
+    assert!(matches!(d.decrypted("routes/2", &plain), Cow::Borrowed(_)));
+    assert!(matches!(d.decrypted("routes/1", &route), Cow::Owned(_)));
 
     let mut consumer = json!({"username": "jack", "plugins": {"key-auth": {"key": "k-1"},
                                                               "limit-count": {"redis_password": "pw"}}});
