@@ -9,8 +9,8 @@
 //!   aws `secret_access_key`/`session_token`, gcp `auth_config.private_key`), which APISIX stores in clear: Sluice
 //!   reads APISIX's clear values as they are, but an APISIX node sharing the etcd would not read those Sluice
 //!   wrote.
-//! - **redaction** for read-only (viewer) Admin API keys: every field above plus the secret managers'
-//!   credentials, and the whole configuration of a plugin Sluice does not know (its secret fields are unknown).
+//! - **redaction** for read-only (viewer) Admin API keys: every field above, and every string of a plugin (or
+//!   secret manager) Sluice does not know, since its secret fields are unknown.
 //!
 //! Which fields are secret is declared, per plugin, next to each plugin ([`SecretFields`]); per resource kind, here.
 //! This crate does no IO: the store decrypts when it hands resources to the data plane, the Admin API encrypts
@@ -20,7 +20,7 @@ use std::borrow::Cow;
 
 use aes::cipher::block_padding::Pkcs7;
 use aes::cipher::{BlockDecryptMut, BlockEncryptMut, KeyIvInit};
-use base64::engine::{general_purpose, DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
 use serde_json::Value;
 
@@ -432,11 +432,6 @@ fn redact_strings(v: &mut Value) {
         Value::Object(m) => m.values_mut().for_each(redact_strings),
         _ => {}
     }
-}
-
-/// Standard base64, as ngx.encode_base64 writes it (tests and tools that build APISIX-compatible values).
-pub fn base64_encode(bytes: &[u8]) -> String {
-    general_purpose::STANDARD.encode(bytes)
 }
 
 #[cfg(test)]
