@@ -10,12 +10,15 @@ use serde_json::{json, Value};
 use sluice_model::Resources;
 use sluice_store::kv::{self, now, Op, Snapshot, StoreError};
 
+use crate::config::Role;
 use crate::resources::{self, Kind, CREDENTIALS};
 use crate::{patch, AdminState, Reply};
 
 /// A parsed Admin API request, auth already checked.
 pub(crate) struct Req {
     pub method: String,
+    /// The caller's key role: viewers see every secret redacted.
+    pub role: Role,
     /// Segments after `/apisix/admin/`.
     pub segs: Vec<String>,
     pub query: Vec<(String, String)>,
@@ -43,17 +46,24 @@ fn full_key(key: &str) -> String {
     format!("/apisix/{key}")
 }
 
-fn envelope(key: &str, e: &sluice_store::kv::Entry, kind: &Kind) -> Value {
-    let mut value = (*e.value).clone();
-    if kind.name == "ssls" {
-        // As APISIX: private keys are never returned.
-        if let Some(o) = value.as_object_mut() {
-            o.remove("key");
-            o.remove("keys");
-        }
-    }
+fn envelope(state: &AdminState, req: &Req, key: &str, e: &sluice_store::kv::Entry) -> Value {
+    let value = present(state, req.role, key, &e.value);
     json!({"key": full_key(key), "value": value,
            "createdIndex": e.create_revision, "modifiedIndex": e.mod_revision})
+}
+
+/// The one way a stored value leaves the Admin API in an answer to a read (GET one, list, history, diff): what
+/// APISIX's GET shows (SSL private keys removed, plugins' `encrypt_fields` decrypted), and for viewer keys every
+/// declared secret redacted on top (`sluice_secrets`: SSL and upstream keys, plugin secret fields, secret managers'
+/// credentials, unknown plugins whole).
+pub(crate) fn present(state: &AdminState, role: Role, key: &str, stored: &Value) -> Value {
+    let de = state.store.data_encryption();
+    let mut v = stored.clone();
+    de.admin_view(key, &mut v);
+    if role == Role::Viewer {
+        de.redact(key, &mut v);
+    }
+    v
 }
 
 pub(crate) fn store_error(e: StoreError) -> Reply {
@@ -88,7 +98,7 @@ fn get(state: &AdminState, req: &Req, t: &Target) -> Reply {
     if let Some(id) = &t.id {
         let key = format!("{}{id}", t.prefix);
         return match snap.get(&key) {
-            Some(e) => Reply::json(200, envelope(&key, e, t.kind)),
+            Some(e) => Reply::json(200, envelope(state, req, &key, e)),
             None => Reply::not_found(),
         };
     }
@@ -139,7 +149,7 @@ fn get(state: &AdminState, req: &Req, t: &Target) -> Reply {
                 continue;
             }
         }
-        list.push(envelope(key, e, t.kind));
+        list.push(envelope(state, req, key, e));
     }
     let total = list.len();
     if let (Some(page), Some(size)) = (req.arg("page"), req.arg("page_size")) {
@@ -232,10 +242,12 @@ async fn put(state: &AdminState, req: &Req, t: &Target, post: bool) -> Reply {
         .unwrap_or(json!(ts));
     conf.insert("create_time".into(), create);
     conf.insert("update_time".into(), json!(ts));
-    let value = Value::Object(conf);
+    let mut value = Value::Object(conf);
     if let Err(r) = resources::check(kind, &value, &snap, state.plugins.as_ref()) {
         return r;
     }
+    // As APISIX: secrets are encrypted after the check, and the answer shows them as stored.
+    state.store.data_encryption().encrypt(&key, &mut value);
     let created = old.is_none();
     let ops = vec![Op::Put {
         key: key.clone(),
@@ -268,7 +280,10 @@ async fn patch(state: &AdminState, req: &Req, t: &Target) -> Reply {
     let Some(old) = snap.get(&key) else {
         return Reply::not_found();
     };
+    // Merge onto plain values (APISIX decrypts before merging too), so kept secrets are not encrypted twice.
+    let de = state.store.data_encryption();
     let mut value = (*old.value).clone();
+    de.decrypt(&key, &mut value);
     if t.sub_path.is_empty() {
         patch::merge(&mut value, body);
     } else if let Err(e) = patch::set_sub_path(&mut value, &t.sub_path, body.clone()) {
@@ -291,6 +306,7 @@ async fn patch(state: &AdminState, req: &Req, t: &Target) -> Reply {
     if let Err(r) = resources::check(kind, &value, &snap, state.plugins.as_ref()) {
         return r;
     }
+    de.encrypt(&key, &mut value);
     let ops = vec![Op::Put {
         key: key.clone(),
         value: value.clone(),
@@ -374,20 +390,21 @@ pub(crate) async fn commit(
 /// touched keys are decoded (and, for routes and their kin, without copying the key space); else a full decode.
 fn candidate_resources(state: &AdminState, snap: &Snapshot, ops: &[Op]) -> Resources {
     let published = state.store.subscribe().borrow().clone();
+    let de = state.store.data_encryption();
     let keys = || ops.iter().map(Op::key);
     if published.revision != snap.revision {
         let mut candidate = snap.clone();
         candidate.apply(ops, snap.revision + 1);
-        return candidate.to_resources();
+        return candidate.to_resources(&de);
     }
     if ops.len() <= kv::PATCH_MAX_KEYS && keys().all(kv::patch_is_local) {
         let mut delta = Snapshot::default();
         delta.apply(ops, snap.revision + 1);
-        return kv::patch_resources(&published.resources, &delta, keys());
+        return kv::patch_resources(&published.resources, &delta, keys(), &de);
     }
     let mut candidate = snap.clone();
     candidate.apply(ops, snap.revision + 1);
-    kv::patch_resources(&published.resources, &candidate, keys())
+    kv::patch_resources(&published.resources, &candidate, keys(), &de)
 }
 
 fn json_type(v: &Value) -> &'static str {

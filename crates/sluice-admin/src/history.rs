@@ -6,14 +6,18 @@
 //!   GET  /apisix/admin/history/{rev}              one revision with old/new values
 //!   GET  /apisix/admin/history/diff?from=A&to=B   net change between two revisions
 //!   POST /apisix/admin/history/{rev}/rollback     restore the configuration as it was at {rev}
+//!                                                 (`?confirm=empty` when that state has no resource at all)
 //!   GET  /apisix/admin/status                     backend, revision, applied revision, health
+//!
+//! Values are shown as a GET shows them (`handlers::present`): viewer keys see every secret redacted.
 
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 use sluice_store::kv::{Op, Revision};
 
-use crate::handlers::{commit, store_error, Req};
+use crate::config::Role;
+use crate::handlers::{commit, present, store_error, Req};
 use crate::{AdminState, Reply};
 
 const MAX_LIST: usize = 1000;
@@ -38,7 +42,7 @@ pub(crate) async fn handle(state: &AdminState, req: &Req, rest: &[String]) -> Re
     let result = match (req.method.as_str(), parts.as_slice()) {
         ("GET", []) => list(state, req).await,
         ("GET", ["diff"]) => diff(state, req).await,
-        ("GET", [rev]) => one(state, rev).await,
+        ("GET", [rev]) => one(state, req.role, rev).await,
         ("POST", [rev, "rollback"]) => rollback(state, req, rev).await,
         _ => Err(Reply::error(404, "not found")),
     };
@@ -72,7 +76,7 @@ fn parse_rev(rev: &str) -> Result<u64, Reply> {
         .map_err(|_| Reply::error(400, format!("invalid revision {rev:?}")))
 }
 
-async fn one(state: &AdminState, rev: &str) -> Result<Reply, Reply> {
+async fn one(state: &AdminState, role: Role, rev: &str) -> Result<Reply, Reply> {
     let rev = parse_rev(rev)?;
     let found = state
         .store
@@ -80,21 +84,30 @@ async fn one(state: &AdminState, rev: &str) -> Result<Reply, Reply> {
         .await
         .map_err(store_error)?;
     match found.into_iter().find(|r| r.revision == rev) {
-        Some(r) => Ok(Reply::json(200, revision_json(&r))),
+        Some(r) => Ok(Reply::json(200, revision_json(state, role, &r))),
         None => Err(Reply::error(404, format!("revision {rev} not found"))),
     }
 }
 
-fn revision_json(r: &Revision) -> Value {
+fn revision_json(state: &AdminState, role: Role, r: &Revision) -> Value {
     let changes: Vec<Value> = r
         .changes
         .iter()
-        .map(|c| {
-            json!({"key": format!("/apisix/{}", c.key), "action": action(&c.old, &c.new),
-                   "old": c.old, "new": c.new})
-        })
+        .map(|c| change_json(state, role, &c.key, &c.old, &c.new))
         .collect();
     json!({"revision": r.revision, "time": r.time, "changes": changes})
+}
+
+fn change_json(
+    state: &AdminState,
+    role: Role,
+    key: &str,
+    old: &Option<Value>,
+    new: &Option<Value>,
+) -> Value {
+    let show = |v: &Option<Value>| v.as_ref().map(|v| present(state, role, key, v));
+    json!({"key": format!("/apisix/{key}"), "action": action(old, new),
+           "old": show(old), "new": show(new)})
 }
 
 /// Net effect of revisions (from, to]: for each key, its value at `from` and at `to`.
@@ -135,10 +148,8 @@ async fn diff(state: &AdminState, req: &Req) -> Result<Reply, Reply> {
     }
     let net = net_changes(state, from, to).await?;
     let changes: Vec<Value> = net
-        .into_iter()
-        .map(|(k, (old, new))| {
-            json!({"key": format!("/apisix/{k}"), "action": action(&old, &new), "old": old, "new": new})
-        })
+        .iter()
+        .map(|(k, (old, new))| change_json(state, req.role, k, old, new))
         .collect();
     Ok(Reply::json(
         200,
@@ -158,6 +169,27 @@ async fn rollback(state: &AdminState, req: &Req, rev: &str) -> Result<Reply, Rep
     }
     // Undo every revision after the target: each touched key returns to its value at the target.
     let net = net_changes(state, target, snap.revision).await?;
+    // A state without resources (revision 0, or after deleting everything) would wipe the configuration in one
+    // call: that takes an explicit confirmation.
+    let kept = snap
+        .entries
+        .keys()
+        .filter(|k| !net.contains_key(*k))
+        .count();
+    let restored = net
+        .values()
+        .filter(|(at_target, _)| at_target.is_some())
+        .count();
+    if kept + restored == 0 && !net.is_empty() && req.arg("confirm") != Some("empty") {
+        return Err(Reply::error(
+            400,
+            format!(
+                "revision {target} has no resources: rolling back to it deletes all {} resources; \
+                 add ?confirm=empty to do so",
+                snap.entries.len()
+            ),
+        ));
+    }
     let ops: Vec<Op> = net
         .into_iter()
         .map(|(key, (at_target, _))| {

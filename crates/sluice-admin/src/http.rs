@@ -117,11 +117,15 @@ fn token<'a>(req: &'a Request<Incoming>, query: &'a [(String, String)]) -> Optio
         .map(|(_, v)| v.to_owned())
 }
 
-/// APISIX's check_token: no configured key means no authentication.
-fn check_token(state: &AdminState, method: &str, tok: Option<String>) -> Result<(), &'static str> {
+/// APISIX's check_token: no configured key means no authentication (and full access). Returns the key's role.
+fn check_token(
+    state: &AdminState,
+    method: &str,
+    tok: Option<String>,
+) -> Result<Role, &'static str> {
     let cfg = &state.config;
     if !cfg.key_required || cfg.keys.is_empty() {
-        return Ok(());
+        return Ok(Role::Admin);
     }
     let tok = tok.ok_or("missing apikey")?;
     let key = cfg
@@ -132,7 +136,7 @@ fn check_token(state: &AdminState, method: &str, tok: Option<String>) -> Result<
     if key.role == Role::Viewer && method != "GET" {
         return Err("invalid method for role viewer");
     }
-    Ok(())
+    Ok(key.role)
 }
 
 async fn handle(
@@ -155,13 +159,16 @@ async fn handle(
     if method == "HEAD" && rest.trim_matches('/').is_empty() {
         return respond(Reply::json(200, Value::Null));
     }
-    if let Err(why) = check_token(state, &method, token(&req, &query)) {
-        tracing::warn!(%peer, why, "admin: failed to check token");
-        return respond(Reply::json(
-            401,
-            json!({"error_msg": "failed to check token", "description": why}),
-        ));
-    }
+    let role = match check_token(state, &method, token(&req, &query)) {
+        Ok(role) => role,
+        Err(why) => {
+            tracing::warn!(%peer, why, "admin: failed to check token");
+            return respond(Reply::json(
+                401,
+                json!({"error_msg": "failed to check token", "description": why}),
+            ));
+        }
+    };
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => return respond(Reply::error(400, format!("invalid request body: {e}"))),
@@ -187,6 +194,7 @@ async fn handle(
         .collect();
     let req = Req {
         method,
+        role,
         segs,
         query,
         body,

@@ -29,6 +29,7 @@ pub struct ApisixSection {
     pub enable_http2: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ssl: Option<Value>,
+    pub data_encryption: DataEncryptionSection,
 }
 
 impl Default for ApisixSection {
@@ -41,8 +42,44 @@ impl Default for ApisixSection {
             enable_admin: true,
             enable_http2: true,
             ssl: None,
+            data_encryption: DataEncryptionSection::default(),
         }
     }
+}
+
+/// `apisix.data_encryption`, with APISIX's defaults (apisix/cli/config.lua): encrypt the plugins' `encrypt_fields`,
+/// and APISIX's two sample keys, so data an APISIX node with default settings wrote reads the same. Those keys are
+/// public: production configurations set their own. `keyring` is one key or a list (16 or 32 bytes each); `null`
+/// or an empty list stores everything in clear.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DataEncryptionSection {
+    pub enable_encrypt_fields: bool,
+    #[serde(deserialize_with = "keyring_list")]
+    pub keyring: Vec<String>,
+}
+
+impl Default for DataEncryptionSection {
+    fn default() -> Self {
+        DataEncryptionSection {
+            enable_encrypt_fields: true,
+            keyring: vec!["qeddd145sfvddff3".into(), "edd1c9f0985e76a2".into()],
+        }
+    }
+}
+
+fn keyring_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Keys {
+        One(String),
+        List(Vec<String>),
+    }
+    Ok(match Option::<Keys>::deserialize(d)? {
+        None => Vec::new(),
+        Some(Keys::One(k)) => vec![k],
+        Some(Keys::List(l)) => l,
+    })
 }
 
 /// One listen address; APISIX writes it as a bare port (`9080`) or `{ip, port}`.

@@ -26,6 +26,7 @@ pub(crate) const ENTRY: Entry = Entry {
     schema,
     check,
     compile,
+    secrets: sluice_secrets::SecretFields::NONE,
 };
 
 /// Lines buffered per file before new ones are dropped.

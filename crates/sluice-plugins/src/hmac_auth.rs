@@ -29,6 +29,11 @@ pub(crate) const ENTRY: Entry = Entry {
     schema,
     check,
     compile,
+    secrets: sluice_secrets::SecretFields {
+        conf: &[],
+        consumer: Some(&["secret_key"]),
+        metadata: &[],
+    },
 };
 
 const ALGOS: [&str; 3] = ["hmac-sha1", "hmac-sha256", "hmac-sha512"];

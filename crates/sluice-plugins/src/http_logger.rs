@@ -30,6 +30,11 @@ pub(crate) const ENTRY: Entry = Entry {
     schema,
     check,
     compile,
+    secrets: sluice_secrets::SecretFields {
+        conf: &["auth_header"],
+        consumer: None,
+        metadata: &[],
+    },
 };
 
 const QUEUE: usize = 65_536;

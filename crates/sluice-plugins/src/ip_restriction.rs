@@ -23,6 +23,7 @@ pub(crate) const ENTRY: Entry = Entry {
     schema,
     check,
     compile,
+    secrets: sluice_secrets::SecretFields::NONE,
 };
 
 fn schema() -> Value {

@@ -37,6 +37,11 @@ pub(crate) const ENTRY: Entry = Entry {
     schema,
     check,
     compile,
+    secrets: sluice_secrets::SecretFields {
+        conf: &[],
+        consumer: Some(&["secret"]),
+        metadata: &[],
+    },
 };
 
 fn schema() -> Value {

@@ -23,6 +23,11 @@ pub(crate) const ENTRY: Entry = Entry {
     schema,
     check,
     compile,
+    secrets: sluice_secrets::SecretFields {
+        conf: &[],
+        consumer: Some(&["key"]),
+        metadata: &[],
+    },
 };
 
 fn schema() -> Value {

@@ -27,6 +27,11 @@ pub(crate) const ENTRY: Entry = Entry {
     schema,
     check,
     compile,
+    secrets: sluice_secrets::SecretFields {
+        conf: &["redis_password"],
+        consumer: None,
+        metadata: &[],
+    },
 };
 
 fn schema() -> Value {

@@ -30,6 +30,11 @@ pub(crate) const ENTRY: Entry = Entry {
     schema,
     check,
     compile,
+    secrets: sluice_secrets::SecretFields {
+        conf: &["redis_password", "sentinel_password"],
+        consumer: None,
+        metadata: &[],
+    },
 };
 
 fn schema() -> Value {

@@ -21,6 +21,7 @@ pub(crate) const ENTRY: Entry = Entry {
     schema,
     check,
     compile,
+    secrets: sluice_secrets::SecretFields::NONE,
 };
 
 const HOST_DEF: &str = "^\\*?[0-9a-zA-Z-._\\[\\]:]+$";

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use sluice_secrets::DataEncryption;
 use tokio::sync::watch;
 
 use crate::kv::{
@@ -30,6 +31,8 @@ struct Inner {
     /// Serialises commits: guards are checked against the snapshot the commit then replaces.
     writer: Mutex<()>,
     tx: ConfigTx,
+    /// Values arrive encrypted from the Admin API; decrypted only for the data plane's view.
+    de: Arc<DataEncryption>,
 }
 
 fn io<E: std::fmt::Display>(e: E) -> StoreError {
@@ -40,6 +43,11 @@ impl EmbeddedStore {
     /// Opens (or creates) the database file and loads it. A file left by a crash opens at its last committed
     /// revision: redb never exposes a half-applied transaction.
     pub fn open(path: &Path) -> Result<EmbeddedStore, StoreError> {
+        EmbeddedStore::open_with(path, Arc::default())
+    }
+
+    /// As [`EmbeddedStore::open`], decrypting secret fields with `de` for the data plane.
+    pub fn open_with(path: &Path, de: Arc<DataEncryption>) -> Result<EmbeddedStore, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
@@ -66,7 +74,7 @@ impl EmbeddedStore {
         }
         let (tx, _) = watch::channel(Arc::new(Versioned {
             revision: snap.revision,
-            resources: snap.to_resources(),
+            resources: snap.to_resources(&de),
             token: 0,
         }));
         Ok(EmbeddedStore {
@@ -75,6 +83,7 @@ impl EmbeddedStore {
                 snapshot: RwLock::new(Arc::new(snap)),
                 writer: Mutex::new(()),
                 tx,
+                de,
             }),
         })
     }
@@ -130,9 +139,14 @@ impl Inner {
                 // Only the touched keys are decoded again when the published view matches `cur`.
                 let published = self.tx.borrow().clone();
                 let r = if published.revision == cur.revision {
-                    patch_resources(&published.resources, &next, ops.iter().map(Op::key))
+                    patch_resources(
+                        &published.resources,
+                        &next,
+                        ops.iter().map(Op::key),
+                        &self.de,
+                    )
                 } else {
-                    next.to_resources()
+                    next.to_resources(&self.de)
                 };
                 (r, 0)
             }
@@ -211,6 +225,10 @@ impl Store for EmbeddedStore {
 
     fn subscribe(&self) -> ConfigRx {
         self.inner.tx.subscribe()
+    }
+
+    fn data_encryption(&self) -> Arc<DataEncryption> {
+        self.inner.de.clone()
     }
 }
 

@@ -16,6 +16,7 @@ use etcd_client::{
 };
 use serde_json::Value;
 use sluice_model::NodeConfig;
+use sluice_secrets::DataEncryption;
 use tokio::sync::watch;
 
 use crate::kv::{
@@ -73,6 +74,8 @@ struct Inner {
     tx: ConfigTx,
     /// The snapshot's revision, so a writer can wait until its own write is visible.
     seen: watch::Sender<u64>,
+    /// Values are stored as APISIX stores them (secret fields encrypted); decrypted for the data plane's view.
+    de: Arc<DataEncryption>,
 }
 
 fn unavailable<E: std::fmt::Display>(e: E) -> StoreError {
@@ -83,6 +86,14 @@ impl EtcdStore {
     /// Connects, loads everything under the prefix, and starts the watch task. Fails when etcd is unreachable
     /// at startup (as APISIX does); later outages are survived.
     pub async fn connect(cfg: EtcdConfig) -> Result<EtcdStore, StoreError> {
+        EtcdStore::connect_with(cfg, Arc::default()).await
+    }
+
+    /// As [`EtcdStore::connect`], decrypting secret fields with `de` for the data plane.
+    pub async fn connect_with(
+        cfg: EtcdConfig,
+        de: Arc<DataEncryption>,
+    ) -> Result<EtcdStore, StoreError> {
         let opts = ConnectOptions::new()
             .with_connect_timeout(cfg.timeout.min(Duration::from_secs(5)))
             .with_timeout(cfg.timeout)
@@ -99,6 +110,7 @@ impl EtcdStore {
             healthy: AtomicBool::new(false),
             tx,
             seen,
+            de,
         });
         let rev = inner.full_sync().await?;
         tokio::spawn(sync_loop(Arc::downgrade(&inner), rev));
@@ -129,10 +141,13 @@ impl Inner {
         let revision = next.revision;
         let published = self.tx.borrow().clone();
         let resources = match touched {
-            Some((base, keys)) if published.revision == base && base != 0 => {
-                patch_resources(&published.resources, &next, keys.iter().map(String::as_str))
-            }
-            _ => next.to_resources(),
+            Some((base, keys)) if published.revision == base && base != 0 => patch_resources(
+                &published.resources,
+                &next,
+                keys.iter().map(String::as_str),
+                &self.de,
+            ),
+            _ => next.to_resources(&self.de),
         };
         let next = Arc::new(next);
         match self.snapshot.write() {
@@ -343,6 +358,10 @@ impl Store for EtcdStore {
 
     fn subscribe(&self) -> ConfigRx {
         self.inner.tx.subscribe()
+    }
+
+    fn data_encryption(&self) -> Arc<DataEncryption> {
+        self.inner.de.clone()
     }
 
     fn healthy(&self) -> bool {

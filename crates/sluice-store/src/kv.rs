@@ -11,6 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_model::{Id, Resources};
+use sluice_secrets::DataEncryption;
 
 use crate::ConfigRx;
 
@@ -147,6 +148,11 @@ pub trait Store: Send + Sync {
     fn healthy(&self) -> bool {
         true
     }
+    /// How this store's values are encrypted: the Admin API encrypts with it before committing, and the store
+    /// decrypts with it for [`Store::subscribe`]'s view.
+    fn data_encryption(&self) -> Arc<DataEncryption> {
+        Arc::default()
+    }
 }
 
 /// A complete candidate configuration derived from the snapshot at `base` plus a commit's ops.
@@ -245,20 +251,22 @@ impl Snapshot {
         Ok(())
     }
 
-    /// The data plane's view. A stored value that does not parse is skipped with an error log rather than
-    /// blocking every other resource (values are validated on write, so this only happens with foreign data).
-    pub fn to_resources(&self) -> Resources {
-        self.to_resources_of(KINDS)
+    /// The data plane's view, with secret fields decrypted. A stored value that does not parse is skipped with an
+    /// error log rather than blocking every other resource (values are validated on write, so this only happens
+    /// with foreign data).
+    pub fn to_resources(&self, de: &DataEncryption) -> Resources {
+        self.to_resources_of(KINDS, de)
     }
 
     /// As [`Snapshot::to_resources`], decoding only the given kinds (the others stay empty).
-    pub fn to_resources_of(&self, kinds: &[&str]) -> Resources {
+    pub fn to_resources_of(&self, kinds: &[&str], de: &DataEncryption) -> Resources {
         let want = |k: &str| kinds.contains(&k);
         let mut r = Resources::default();
         if want("routes") {
             fill(
                 self,
                 "routes",
+                de,
                 &mut r.routes,
                 |x: &mut sluice_model::Route, id| x.id = id,
             );
@@ -267,6 +275,7 @@ impl Snapshot {
             fill(
                 self,
                 "services",
+                de,
                 &mut r.services,
                 |x: &mut sluice_model::Service, id| x.id = id,
             );
@@ -275,6 +284,7 @@ impl Snapshot {
             fill(
                 self,
                 "upstreams",
+                de,
                 &mut r.upstreams,
                 |x: &mut sluice_model::Upstream, id| x.id = Some(id),
             );
@@ -283,6 +293,7 @@ impl Snapshot {
             fill(
                 self,
                 "consumers",
+                de,
                 &mut r.consumers,
                 |x: &mut sluice_model::Consumer, id| {
                     if x.username.is_empty() {
@@ -295,6 +306,7 @@ impl Snapshot {
             fill(
                 self,
                 "global_rules",
+                de,
                 &mut r.global_rules,
                 |x: &mut sluice_model::GlobalRule, id| x.id = id,
             );
@@ -303,6 +315,7 @@ impl Snapshot {
             fill(
                 self,
                 "plugin_configs",
+                de,
                 &mut r.plugin_configs,
                 |x: &mut sluice_model::PluginConfig, id| x.id = id,
             );
@@ -311,6 +324,7 @@ impl Snapshot {
             fill(
                 self,
                 "ssls",
+                de,
                 &mut r.ssls,
                 |x: &mut sluice_model::Ssl, id| x.id = id,
             );
@@ -319,6 +333,7 @@ impl Snapshot {
             fill(
                 self,
                 "consumer_groups",
+                de,
                 &mut r.consumer_groups,
                 |x: &mut sluice_model::ConsumerGroup, id| x.id = id,
             );
@@ -327,6 +342,7 @@ impl Snapshot {
             fill(
                 self,
                 "plugin_metadata",
+                de,
                 &mut r.plugin_metadata,
                 |x: &mut sluice_model::PluginMetadata, id| x.id = id,
             );
@@ -335,6 +351,7 @@ impl Snapshot {
             fill(
                 self,
                 "protos",
+                de,
                 &mut r.protos,
                 |x: &mut sluice_model::Proto, id| x.id = id,
             );
@@ -342,7 +359,7 @@ impl Snapshot {
         // Nested keys: `secrets/{manager}/{id}` and `consumers/{username}/credentials/{id}`.
         for (key, e) in self.under("secrets/").filter(|_| want("secrets")) {
             let id = &key["secrets/".len()..];
-            match sluice_model::Secret::deserialize(&*e.value) {
+            match sluice_model::Secret::deserialize(&*de.decrypted(key, &e.value)) {
                 Ok(mut v) => {
                     v.id = Id(id.to_owned());
                     r.secrets.push(v);
@@ -357,7 +374,7 @@ impl Snapshot {
             let Some((user, id)) = rest.split_once("/credentials/") else {
                 continue;
             };
-            match sluice_model::Credential::deserialize(&*e.value) {
+            match sluice_model::Credential::deserialize(&*de.decrypted(key, &e.value)) {
                 Ok(mut v) => {
                     v.id = Id(id.to_owned());
                     v.consumer = user.to_owned();
@@ -375,11 +392,12 @@ impl Snapshot {
 fn fill<T: serde::de::DeserializeOwned>(
     snap: &Snapshot,
     kind: &str,
+    de: &DataEncryption,
     out: &mut Vec<T>,
     set_id: impl Fn(&mut T, Id),
 ) {
     for (id, e) in snap.list(kind) {
-        match T::deserialize(&*e.value) {
+        match T::deserialize(&*de.decrypted_at(kind, id, &e.value)) {
             Ok(mut v) => {
                 set_id(&mut v, Id(id.to_owned()));
                 out.push(v);

@@ -64,19 +64,35 @@ pub fn provider_name(cfg: &NodeConfig) -> &str {
     }
 }
 
+/// `apisix.data_encryption` (keyring checked: 16 or 32 bytes per key) with the plugins' secret-field declarations.
+pub fn data_encryption(
+    cfg: &NodeConfig,
+    plugins: sluice_secrets::PluginFields,
+) -> Result<sluice_secrets::DataEncryption, String> {
+    let d = &cfg.apisix.data_encryption;
+    Ok(sluice_secrets::DataEncryption::new(
+        sluice_secrets::Keyring::new(&d.keyring)?,
+        d.enable_encrypt_fields,
+        plugins,
+    ))
+}
+
 /// Opens the read-write store the node configuration selects: the embedded store at `data_dir/sluice.redb`, or
-/// etcd per `deployment.etcd`. Standalone (`yaml`) has no read-write store: use [`standalone`] instead.
+/// etcd per `deployment.etcd`; `plugins` declares the plugins' secret fields (see [`data_encryption`]).
+/// Standalone (`yaml`) has no read-write store: use [`standalone`] instead.
 pub async fn open_store(
     cfg: &NodeConfig,
     data_dir: &std::path::Path,
+    plugins: sluice_secrets::PluginFields,
 ) -> Result<Arc<dyn kv::Store>, String> {
+    let de = Arc::new(data_encryption(cfg, plugins)?);
     match provider_name(cfg) {
-        "embedded" => embedded::EmbeddedStore::open(&data_dir.join("sluice.redb"))
+        "embedded" => embedded::EmbeddedStore::open_with(&data_dir.join("sluice.redb"), de)
             .map(|s| Arc::new(s) as Arc<dyn kv::Store>)
             .map_err(|e| e.to_string()),
         "etcd" => {
             let ec = etcd::EtcdConfig::from_node_config(cfg)?;
-            etcd::EtcdStore::connect(ec)
+            etcd::EtcdStore::connect_with(ec, de)
                 .await
                 .map(|s| Arc::new(s) as Arc<dyn kv::Store>)
                 .map_err(|e| e.to_string())
@@ -89,6 +105,32 @@ pub async fn open_store(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn data_encryption_keys_defaults_and_errors() {
+        let d = super::parse_node_config("").unwrap().apisix.data_encryption;
+        assert!(d.enable_encrypt_fields);
+        assert_eq!(d.keyring, ["qeddd145sfvddff3", "edd1c9f0985e76a2"]);
+        let one = "apisix:\n  data_encryption:\n    keyring: abcdefghijklmnop\n";
+        let d = super::parse_node_config(one)
+            .unwrap()
+            .apisix
+            .data_encryption;
+        assert_eq!(d.keyring, ["abcdefghijklmnop"]);
+        assert!(d.enable_encrypt_fields);
+        let off = "apisix:\n  data_encryption:\n    enable_encrypt_fields: false\n    keyring: ~\n";
+        let cfg = super::parse_node_config(off).unwrap();
+        assert!(!cfg.apisix.data_encryption.enable_encrypt_fields);
+        assert!(cfg.apisix.data_encryption.keyring.is_empty());
+        assert!(super::data_encryption(&cfg, |_| None)
+            .unwrap()
+            .keyring()
+            .is_empty());
+        let bad = "apisix:\n  data_encryption:\n    keyring: [abcdefghijklmnop, short]\n";
+        let e =
+            super::data_encryption(&super::parse_node_config(bad).unwrap(), |_| None).unwrap_err();
+        assert!(e.contains("keyring[1]"), "{e}");
+    }
+
     #[test]
     fn control_addr_defaults_overrides_and_off() {
         let d = super::control_addr("").unwrap();

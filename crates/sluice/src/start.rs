@@ -54,7 +54,12 @@ pub fn run(
             let data_dir = conf_dir.join(&node.sluice.data_dir);
             std::fs::create_dir_all(&data_dir)
                 .map_err(|e| format!("creating {}: {e}", data_dir.display()))?;
-            let store = sluice_store::open_store(&node, &data_dir).await?;
+            let store = sluice_store::open_store(
+                &node,
+                &data_dir,
+                sluice_plugins::registry::secret_fields,
+            )
+            .await?;
             seed_if_empty(store.as_ref(), &resources_path, &check).await?;
             (store.subscribe(), Some(store))
         };
@@ -175,9 +180,13 @@ async fn seed_if_empty(
     let res = standalone::parse(&text)?;
     check(&res)?;
     let mut ops = Vec::new();
-    let mut put = |kind: &str, id: &str, v: serde_json::Value| {
+    // Stored as the Admin API stores them: secret fields encrypted.
+    let de = store.data_encryption();
+    let mut put = |kind: &str, id: &str, mut v: serde_json::Value| {
+        let key = format!("{kind}/{id}");
+        de.encrypt(&key, &mut v);
         ops.push(kv::Op::Put {
-            key: format!("{kind}/{id}"),
+            key,
             value: v,
             expect_mod: Some(0),
         })

@@ -1,4 +1,5 @@
 use serde_json::json;
+use sluice_secrets::DataEncryption;
 
 use super::*;
 
@@ -147,7 +148,7 @@ async fn prepared_candidate_is_published_with_its_token_only_on_its_base() {
     candidate.apply(&ops, 1);
     let prepared = Prepared {
         base: 0,
-        resources: candidate.to_resources(),
+        resources: candidate.to_resources(&DataEncryption::none()),
         token: 7,
     };
     assert_eq!(s.commit_prepared(ops, prepared).await.unwrap(), 1);

@@ -6,6 +6,7 @@
 
 use serde::de::DeserializeOwned;
 use sluice_model::{Id, Resources};
+use sluice_secrets::DataEncryption;
 
 use super::{fill, Snapshot};
 
@@ -20,10 +21,11 @@ pub fn patch_resources<'a>(
     prev: &Resources,
     next: &Snapshot,
     touched: impl IntoIterator<Item = &'a str>,
+    de: &DataEncryption,
 ) -> Resources {
     let touched: Vec<&str> = touched.into_iter().collect();
     if touched.len() > PATCH_MAX_KEYS {
-        return next.to_resources();
+        return next.to_resources(de);
     }
     let mut r = prev.clone();
     let mut refill: Vec<&str> = Vec::new();
@@ -38,6 +40,7 @@ pub fn patch_resources<'a>(
                 next,
                 key,
                 id,
+                de,
                 |x: &sluice_model::Route| x.id.0.as_str(),
                 |x, id| x.id = id,
             ),
@@ -46,6 +49,7 @@ pub fn patch_resources<'a>(
                 next,
                 key,
                 id,
+                de,
                 |x: &sluice_model::Service| x.id.0.as_str(),
                 |x, id| x.id = id,
             ),
@@ -54,6 +58,7 @@ pub fn patch_resources<'a>(
                 next,
                 key,
                 id,
+                de,
                 |x: &sluice_model::Upstream| x.id.as_ref().map_or("", |i| i.0.as_str()),
                 |x, id| x.id = Some(id),
             ),
@@ -62,6 +67,7 @@ pub fn patch_resources<'a>(
                 next,
                 key,
                 id,
+                de,
                 |x: &sluice_model::PluginConfig| x.id.0.as_str(),
                 |x, id| x.id = id,
             ),
@@ -74,7 +80,7 @@ pub fn patch_resources<'a>(
         }
     }
     for kind in refill {
-        refill_kind(&mut r, next, kind);
+        refill_kind(&mut r, next, kind, de);
     }
     r
 }
@@ -93,20 +99,23 @@ fn patch<T: DeserializeOwned>(
     next: &Snapshot,
     key: &str,
     id: &str,
+    de: &DataEncryption,
     get_id: impl Fn(&T) -> &str,
     set_id: impl Fn(&mut T, Id),
 ) {
     let at = out.binary_search_by(|x| get_id(x).cmp(id));
-    let value = next.get(key).and_then(|e| match T::deserialize(&*e.value) {
-        Ok(mut v) => {
-            set_id(&mut v, Id(id.to_owned()));
-            Some(v)
-        }
-        Err(err) => {
-            tracing::error!(key, error = %err, "stored resource does not parse; skipped");
-            None
-        }
-    });
+    let value = next
+        .get(key)
+        .and_then(|e| match T::deserialize(&*de.decrypted(key, &e.value)) {
+            Ok(mut v) => {
+                set_id(&mut v, Id(id.to_owned()));
+                Some(v)
+            }
+            Err(err) => {
+                tracing::error!(key, error = %err, "stored resource does not parse; skipped");
+                None
+            }
+        });
     match (at, value) {
         (Ok(i), Some(v)) => out[i] = v,
         (Err(i), Some(v)) => out.insert(i, v),
@@ -118,11 +127,11 @@ fn patch<T: DeserializeOwned>(
 }
 
 /// Rebuilds one small kind whole (and, for consumers or secrets, their nested keys).
-fn refill_kind(r: &mut Resources, snap: &Snapshot, kind: &str) {
+fn refill_kind(r: &mut Resources, snap: &Snapshot, kind: &str, de: &DataEncryption) {
     match kind {
         "consumers" => {
             // Consumers and their nested credentials share the prefix.
-            let fresh = snap.to_resources_of(&["consumers"]);
+            let fresh = snap.to_resources_of(&["consumers"], de);
             r.consumers = fresh.consumers;
             r.credentials = fresh.credentials;
         }
@@ -131,21 +140,27 @@ fn refill_kind(r: &mut Resources, snap: &Snapshot, kind: &str) {
             fill(
                 snap,
                 kind,
+                de,
                 &mut r.global_rules,
                 |x: &mut sluice_model::GlobalRule, id| x.id = id,
             )
         }
         "ssls" => {
             r.ssls.clear();
-            fill(snap, kind, &mut r.ssls, |x: &mut sluice_model::Ssl, id| {
-                x.id = id
-            })
+            fill(
+                snap,
+                kind,
+                de,
+                &mut r.ssls,
+                |x: &mut sluice_model::Ssl, id| x.id = id,
+            )
         }
         "consumer_groups" => {
             r.consumer_groups.clear();
             fill(
                 snap,
                 kind,
+                de,
                 &mut r.consumer_groups,
                 |x: &mut sluice_model::ConsumerGroup, id| x.id = id,
             )
@@ -155,6 +170,7 @@ fn refill_kind(r: &mut Resources, snap: &Snapshot, kind: &str) {
             fill(
                 snap,
                 kind,
+                de,
                 &mut r.plugin_metadata,
                 |x: &mut sluice_model::PluginMetadata, id| x.id = id,
             )
@@ -164,11 +180,12 @@ fn refill_kind(r: &mut Resources, snap: &Snapshot, kind: &str) {
             fill(
                 snap,
                 kind,
+                de,
                 &mut r.protos,
                 |x: &mut sluice_model::Proto, id| x.id = id,
             )
         }
-        "secrets" => r.secrets = snap.to_resources_of(&["secrets"]).secrets,
+        "secrets" => r.secrets = snap.to_resources_of(&["secrets"], de).secrets,
         _ => {}
     }
 }

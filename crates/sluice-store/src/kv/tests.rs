@@ -1,4 +1,5 @@
 use serde_json::json;
+use sluice_secrets::DataEncryption;
 
 use super::*;
 
@@ -50,7 +51,7 @@ fn list_skips_sub_resources_and_resources_convert() {
     );
     assert_eq!(s.list("consumers").count(), 1);
     assert_eq!(s.under("consumers/jack/credentials/").count(), 1);
-    let r = s.to_resources();
+    let r = s.to_resources(&DataEncryption::none());
     assert_eq!(r.routes.len(), 1, "unparsable route skipped");
     assert_eq!(r.upstreams[0].id.as_ref().map(|i| i.0.as_str()), Some("u1"));
     assert_eq!(r.consumers[0].username, "jack");
@@ -72,7 +73,7 @@ fn list_skips_sub_resources_and_resources_convert() {
 #[test]
 fn patch_resources_matches_full_decode() {
     let mut s = Snapshot::default();
-    let mut view = s.to_resources();
+    let mut view = s.to_resources(&DataEncryption::none());
     let del = |key: &str| Op::Delete {
         key: key.into(),
         expect_mod: None,
@@ -114,8 +115,12 @@ fn patch_resources_matches_full_decode() {
     ];
     for (i, ops) in steps.iter().enumerate() {
         s.apply(ops, i as u64 + 1);
-        view = patch_resources(&view, &s, ops.iter().map(Op::key));
-        assert_eq!(view, s.to_resources(), "after step {i}");
+        view = patch_resources(&view, &s, ops.iter().map(Op::key), &DataEncryption::none());
+        assert_eq!(
+            view,
+            s.to_resources(&DataEncryption::none()),
+            "after step {i}"
+        );
     }
     assert_eq!(
         view.routes
@@ -148,7 +153,7 @@ fn measure_snapshot() {
     let mut c = s.clone();
     println!("snapshot clone: {:?}", t.elapsed());
     let t = std::time::Instant::now();
-    let r = c.to_resources();
+    let r = c.to_resources(&DataEncryption::none());
     println!(
         "to_resources: {:?} ({} routes)",
         t.elapsed(),
@@ -160,10 +165,10 @@ fn measure_snapshot() {
     )];
     c.apply(&one, 2);
     let t = std::time::Instant::now();
-    let p = patch_resources(&r, &c, one.iter().map(Op::key));
+    let p = patch_resources(&r, &c, one.iter().map(Op::key), &DataEncryption::none());
     println!("patch_resources (1 route): {:?}", t.elapsed());
     let t = std::time::Instant::now();
     let _copy = r.clone();
     println!("of which Resources clone: {:?}", t.elapsed());
-    assert_eq!(p, c.to_resources());
+    assert_eq!(p, c.to_resources(&DataEncryption::none()));
 }

@@ -17,18 +17,18 @@ use serde_json::{json, Value};
 use crate::support::process::{Mock, Sluice, TempDir};
 use crate::support::{free_port, Client};
 
-const ETCD: &str = "/usr/bin/etcd";
+pub(crate) const ETCD: &str = "/usr/bin/etcd";
 const KEY: &str = "it-etcd-outage-key-0123456789";
 
-struct Etcd {
+pub(crate) struct Etcd {
     child: Option<Child>,
     dir: TempDir,
-    client: SocketAddr,
+    pub(crate) client: SocketAddr,
     peer_port: u16,
 }
 
 impl Etcd {
-    fn new() -> Etcd {
+    pub(crate) fn new() -> Etcd {
         Etcd {
             child: None,
             dir: TempDir::new("etcd"),
@@ -38,7 +38,7 @@ impl Etcd {
     }
 
     /// Starts etcd on the same data dir and ports every time; waits (bounded) until it answers `/health`.
-    async fn start(&mut self) {
+    pub(crate) async fn start(&mut self) {
         let url = format!("http://{}", self.client);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let child = Command::new(ETCD)
@@ -83,7 +83,7 @@ impl Etcd {
         }
     }
 
-    async fn post(&self, path: &str, body: Value) -> Value {
+    pub(crate) async fn post(&self, path: &str, body: Value) -> Value {
         let mut c = Client::connect(self.client).await;
         let body = body.to_string();
         let r = c
@@ -99,7 +99,7 @@ impl Etcd {
     }
 
     /// Puts a JSON value under `key` straight into etcd; returns the new etcd revision.
-    async fn put(&self, key: &str, value: &Value) -> u64 {
+    pub(crate) async fn put(&self, key: &str, value: &Value) -> u64 {
         let v = self
             .post(
                 "/v3/kv/put",
@@ -119,7 +119,7 @@ impl Drop for Etcd {
     }
 }
 
-fn b64(data: &[u8]) -> String {
+pub(crate) fn b64(data: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in data.chunks(3) {
@@ -141,13 +141,13 @@ fn b64(data: &[u8]) -> String {
 }
 
 /// The gateway process (killed on drop) and the addresses a test talks to.
-struct Node {
+pub(crate) struct Node {
     _sluice: Sluice,
-    gw: SocketAddr,
-    admin: SocketAddr,
+    pub(crate) gw: SocketAddr,
+    pub(crate) admin: SocketAddr,
 }
 
-async fn start_node(etcd: SocketAddr) -> Node {
+pub(crate) async fn start_node(etcd: SocketAddr) -> Node {
     let dir = TempDir::new("etcd-node");
     let (port, admin_port) = (free_port(), free_port());
     let cfg = format!(
@@ -170,7 +170,7 @@ async fn start_node(etcd: SocketAddr) -> Node {
     }
 }
 
-async fn admin(node: &Node, method: &str, path: &str, body: &str) -> (u16, Value) {
+pub(crate) async fn admin(node: &Node, method: &str, path: &str, body: &str) -> (u16, Value) {
     let mut c = Client::connect(node.admin).await;
     let r = c
         .request(

@@ -13,6 +13,7 @@ mod product_name;
 mod proxy;
 mod reload;
 mod routing;
+mod secrets;
 mod seed;
 mod shutdown;
 mod support;
