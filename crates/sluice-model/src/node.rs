@@ -261,7 +261,7 @@ pub struct SluiceSection {
     /// Where the embedded store keeps its file; relative paths are taken from the config file's directory.
     pub data_dir: String,
     /// The running instance's pid file, locked while it runs (one instance per file); relative paths are taken
-    /// from the config file's directory. Default: `sluice.pid` in `data_dir`.
+    /// from the config file's directory. Default: `sluice.pid` beside config.yaml.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pid_file: Option<String>,
 }
