@@ -60,9 +60,12 @@ impl PidLock {
             path: path.to_owned(),
         })
     }
+}
 
-    /// Clean exit: empty the file while still holding the lock (a stale pid never lingers in it).
-    pub fn release(self) {
+impl Drop for PidLock {
+    /// Any exit that unwinds (a clean stop, a failed start): empty the file while still holding the lock, so no
+    /// pid lingers in it. A killed process leaves its pid behind, unlocked, which the next start overwrites.
+    fn drop(&mut self) {
         if let Err(e) = self.file.set_len(0) {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot empty the pid file");
         }

@@ -169,7 +169,7 @@ pub fn run(
     // Nothing left worth waiting for: the workers were joined (graceful) or are cut off by the exit (fast).
     control.shutdown_background();
     let stop = stop?;
-    pid_lock.release();
+    drop(pid_lock);
     tracing::info!(
         "stopped{}",
         if matches!(stop, Stop::Fast(_)) {
@@ -244,7 +244,13 @@ fn changed(old: &Value, new: &Value, at: &str, out: &mut Vec<String>) {
                 );
             }
         }
-        (Value::Null, Value::Object(m)) | (Value::Object(m), Value::Null) if m.is_empty() => {}
+        // An absent or empty section is an empty map: compare what is below it key by key.
+        (Value::Null, Value::Object(_)) => {
+            changed(&Value::Object(Default::default()), new, at, out)
+        }
+        (Value::Object(_), Value::Null) => {
+            changed(old, &Value::Object(Default::default()), at, out)
+        }
         (a, b) if a != b => out.push(at.to_owned()),
         _ => {}
     }
@@ -540,5 +546,32 @@ impl Signals {
             _ = self.term.recv() => Sig::Term,
             _ = self.int.recv() => Sig::Int,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn changed_paths_between_two_documents() {
+        let old = json!({"apisix": {"node_listen": [9080], "ssl": {}},
+            "deployment": {"admin": {"admin_key": [{"key": "a"}]}}});
+        let new = json!({"apisix": {"node_listen": [9081], "ssl": null, "enable_admin": true},
+            "deployment": {"admin": {"admin_key": [{"key": "b"}]}}, "sluice": {"keepalive_timeout": 5}});
+        let mut out = Vec::new();
+        changed(&old, &new, "", &mut out);
+        assert_eq!(
+            out,
+            [
+                "apisix.enable_admin",
+                "apisix.node_listen",
+                "deployment.admin.admin_key",
+                "sluice.keepalive_timeout"
+            ]
+        );
+        assert!(under("deployment.admin.admin_key", "deployment.admin"));
+        assert!(!under("deployment.administrator", "deployment.admin"));
     }
 }

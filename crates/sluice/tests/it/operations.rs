@@ -365,6 +365,9 @@ async fn a_second_start_is_refused_and_the_first_keeps_serving() {
             "{}",
             text(&out)
         );
+        // The refused start leaves no pid in its own pid file.
+        let left = std::fs::read_to_string(other.0.join("sluice.pid")).expect("pid file");
+        assert_eq!(left, "", "a failed start empties its pid file");
         assert!(p.alive());
         // Every request still reaches the first instance.
         for _ in 0..20 {
