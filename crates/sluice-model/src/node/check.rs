@@ -144,6 +144,8 @@ pub(crate) const KEYS: &[Key] = &[
     a("apisix.trusted_addresses"),
     a("apisix.admin_key"),
     a("apisix.config_center"),
+    a("apisix.id"),
+    a("apisix.tracing"),
     // nginx_config
     s("nginx_config", Map),
     s("nginx_config.worker_processes", Workers),
@@ -196,6 +198,7 @@ pub(crate) const KEYS: &[Key] = &[
     s("deployment.role_data_plane.config_provider", Enum(DATA_PLANE_PROVIDERS)),
     a("deployment.role_control_plane"),
     a("deployment.certs"),
+    a("deployment.fallback_cp"),
     s("deployment.admin", Map),
     s("deployment.admin.admin_key_required", Bool),
     s("deployment.admin.admin_key", List),
