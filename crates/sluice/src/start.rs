@@ -145,7 +145,7 @@ pub fn run(
                 Sig::Hup => side.reload().await,
                 // Log files are reopened by the logging layer's own USR1 listener; this one only keeps USR1 from
                 // killing the process.
-                Sig::Usr1 => tracing::debug!("SIGUSR1: reopening log files"),
+                Sig::Usr1 => tracing::info!("SIGUSR1 received: log files are reopened, serving on"),
                 Sig::Quit => break Stop::Graceful,
                 Sig::Term => break Stop::Fast("SIGTERM"),
                 Sig::Int => break Stop::Fast("SIGINT"),

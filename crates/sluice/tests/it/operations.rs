@@ -8,7 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::process::{Sluice, TempDir};
-use crate::support::{free_port, t, Client, Origin};
+use crate::support::{free_port, Client, Origin};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -19,6 +19,13 @@ fn run(args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .expect("run sluice")
+}
+
+/// These tests start and stop several processes: a wider bound than `support::t`'s 10 s for the whole test.
+async fn long<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(90), f)
+        .await
+        .expect("test timed out after 90 s")
 }
 
 fn text(o: &Output) -> String {
@@ -215,7 +222,7 @@ async fn get_until(addr: SocketAddr, path: &str, want: u16) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_applies_the_admin_key_live_and_keeps_serving() {
-    t(async {
+    long(async {
         let o = Origin::start("o").await;
         let (mut p, admin) = traditional_proc(&o, "key-one").await;
         assert_eq!(get_status(p.addr, "/r").await, 200);
@@ -255,7 +262,7 @@ async fn sighup_applies_the_admin_key_live_and_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_with_a_broken_config_keeps_the_running_one_and_says_why() {
-    t(async {
+    long(async {
         let o = Origin::start("o").await;
         let (mut p, admin) = traditional_proc(&o, "key-one").await;
         let broken = traditional(p.addr.port(), admin.port(), "key-two")
@@ -289,12 +296,12 @@ async fn sighup_with_a_broken_config_keeps_the_running_one_and_says_why() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigusr1_does_not_kill() {
-    t(async {
+    long(async {
         let o = Origin::start("o").await;
         let (mut p, _admin) = traditional_proc(&o, "k").await;
         p.signal("USR1");
-        // The signal is handled on the control runtime; a request after it proves the process lived through it.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Handled (not the default action, which ends the process): the log says so, and it keeps serving.
+        assert!(p.log_has("SIGUSR1 received").await, "{}", p.log());
         assert_eq!(get_status(p.addr, "/r").await, 200);
         assert!(p.alive(), "SIGUSR1 must not end the process");
     })
@@ -303,31 +310,26 @@ async fn sigusr1_does_not_kill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_at_once_without_waiting_for_requests_in_flight() {
-    t(async {
+    long(async {
         let o = Origin::start("o").await;
         let yaml = route_yaml("1", "/*", o.addr);
         let mut gw = Sluice::start(&yaml, 1).await;
         let mut c = Client::connect(gw.addr).await;
-        c.send(b"GET /delay/5000 HTTP/1.1\r\nHost: t\r\n\r\n").await;
+        // 2 s: well inside the 5 s graceful timeout, so only a fast stop leaves it without a response.
+        c.send(b"GET /delay/2000 HTTP/1.1\r\nHost: t\r\n\r\n").await;
         let end = Instant::now() + Duration::from_secs(5);
         while o.in_flight() == 0 && Instant::now() < end {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(o.in_flight(), 1);
-        let t0 = Instant::now();
         gw.sigterm();
         let st = gw.wait_exit(Duration::from_secs(8)).await;
         assert!(st.success(), "exit status {st}");
-        // Well under the origin's 5 s and the 5 s graceful timeout: nothing was waited for.
-        assert!(
-            t0.elapsed() < Duration::from_secs(3),
-            "took {:?}",
-            t0.elapsed()
-        );
         let got = c.read_to_eof().await;
         assert!(
             !got.starts_with(b"HTTP/1.1 200"),
-            "the cut request got no response"
+            "a fast stop does not wait for the request in flight: {}",
+            String::from_utf8_lossy(&got)
         );
     })
     .await
@@ -335,7 +337,7 @@ async fn sigterm_stops_at_once_without_waiting_for_requests_in_flight() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_start_is_refused_and_the_first_keeps_serving() {
-    t(async {
+    long(async {
         let o = Origin::start("o").await;
         let (mut p, admin) = traditional_proc(&o, "k").await;
         // Same config (same pid file): the lock says who runs.
@@ -380,7 +382,7 @@ async fn a_second_start_is_refused_and_the_first_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pid_file_left_by_kill_9_does_not_block_the_next_start() {
-    t(async {
+    long(async {
         let o = Origin::start("o").await;
         let (mut p, admin) = traditional_proc(&o, "k").await;
         let pid_file = p.dir.0.join("sluice.pid");
@@ -418,7 +420,7 @@ async fn a_pid_file_left_by_kill_9_does_not_block_the_next_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_quit_and_stop_subcommands() {
-    t(async {
+    long(async {
         let o = Origin::start("o").await;
         let dir = TempDir::new("ops-cli");
         let (port, admin_port) = (free_port(), free_port());
@@ -481,23 +483,23 @@ async fn reload_quit_and_stop_subcommands() {
         let mut p = Proc::spawn(dir, ([127, 0, 0, 1], port).into());
         p.ready(&[admin]).await;
         let mut c = Client::connect(p.addr).await;
-        c.send(b"GET /delay/5000 HTTP/1.1\r\nHost: t\r\n\r\n").await;
+        // 2 s: inside the graceful timeout, so a response would mean stop waited for it.
+        c.send(b"GET /delay/2000 HTTP/1.1\r\nHost: t\r\n\r\n").await;
         let end = Instant::now() + Duration::from_secs(5);
         while o.in_flight() == 0 && Instant::now() < end {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let t0 = Instant::now();
         let out = tokio::task::spawn_blocking(move || run(&["stop", "-c", &config]))
             .await
             .expect("stop");
         assert!(out.status.success(), "{}", text(&out));
         assert!(text(&out).contains("sent SIGTERM to pid"), "{}", text(&out));
-        assert!(
-            t0.elapsed() < Duration::from_secs(3),
-            "took {:?}",
-            t0.elapsed()
-        );
         assert!(p.wait_exit(Duration::from_secs(5)).await.success());
+        let got = c.read_to_eof().await;
+        assert!(
+            !got.starts_with(b"HTTP/1.1 200"),
+            "stop does not wait for requests in flight"
+        );
     })
     .await
 }
@@ -596,7 +598,7 @@ fn start_refuses_a_config_with_errors_and_names_the_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_writes_apisix_yaml_through_the_admin_api() {
-    t(async {
+    long(async {
         let o = Origin::start("o").await;
         let (p, _admin) = traditional_proc(&o, "k").await;
         assert_eq!(get_status(p.addr, "/new").await, 404);
