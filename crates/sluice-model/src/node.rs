@@ -1,8 +1,60 @@
 //! The node configuration, `conf/config.yaml`, laid out as APISIX's for the keys APISIX has, so an APISIX user's
-//! file reads the same. Keys Sluice does not use are ignored rather than rejected, as APISIX merges its defaults.
+//! file reads the same. [`NodeConfig::from_doc`] reads it strictly (see `node/check.rs`): unknown keys and wrong
+//! types are errors naming the key; APISIX keys Sluice does not use are warnings.
 
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
+
+mod check;
+
+/// A node configuration that passed the checks, with one warning per ignored APISIX key.
+#[derive(Debug, Clone)]
+pub struct CheckedConfig {
+    pub config: NodeConfig,
+    pub warnings: Vec<String>,
+    /// The document as read, for comparing two versions key by key (reload).
+    pub doc: Value,
+}
+
+impl NodeConfig {
+    /// Reads config.yaml parsed into a JSON value (`null` for an empty file). Every error is reported, one per
+    /// line, each naming its key path.
+    pub fn from_doc(doc: &Value) -> Result<CheckedConfig, Vec<String>> {
+        let found = check::check(doc);
+        if !found.errors.is_empty() {
+            return Err(found.errors);
+        }
+        let config = match doc {
+            Value::Null => NodeConfig::default(),
+            // Empty keys mean "the default", as in APISIX; serde would read `null` as a wrong type.
+            v => serde_json::from_value(strip_nulls(v.clone())).map_err(|e| vec![e.to_string()])?,
+        };
+        Ok(CheckedConfig {
+            config,
+            warnings: found.warnings,
+            doc: doc.clone(),
+        })
+    }
+
+    /// Whether Sluice reads the key at `path` (`a.b.c`, list items as `[]`), so a change to it matters; false
+    /// for APISIX keys Sluice ignores and for unknown keys.
+    pub fn reads_key(path: &str) -> bool {
+        check::reads(path)
+    }
+}
+
+fn strip_nulls(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, strip_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(l) => Value::Array(l.into_iter().map(strip_nulls).collect()),
+        v => v,
+    }
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -245,6 +297,10 @@ pub struct SluiceSection {
     pub config_poll_interval: f64,
     /// Where the embedded store keeps its file; relative paths are taken from the config file's directory.
     pub data_dir: String,
+    /// The running instance's pid file, locked while it runs (one instance per file); relative paths are taken
+    /// from the config file's directory. Default: `sluice.pid` beside config.yaml.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid_file: Option<String>,
 }
 
 impl Default for SluiceSection {
@@ -257,6 +313,7 @@ impl Default for SluiceSection {
             max_connections: 65536,
             config_poll_interval: 1.0,
             data_dir: "../.data".into(),
+            pid_file: None,
         }
     }
 }

@@ -9,7 +9,7 @@ pub mod standalone;
 
 use std::sync::Arc;
 
-use sluice_model::{NodeConfig, Resources};
+use sluice_model::{CheckedConfig, NodeConfig, Resources};
 
 /// One complete configuration as a provider saw it, with the revision it had there.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -24,12 +24,28 @@ pub struct Versioned {
 pub type ConfigRx = tokio::sync::watch::Receiver<Arc<Versioned>>;
 pub type ConfigTx = tokio::sync::watch::Sender<Arc<Versioned>>;
 
-/// Parses `conf/config.yaml`. An empty file means all defaults.
+/// Parses `conf/config.yaml`. An empty file means all defaults. Warnings (ignored APISIX keys) are dropped: use
+/// [`read_node_config`] to show them.
 pub fn parse_node_config(text: &str) -> Result<NodeConfig, String> {
-    if text.trim().is_empty() {
-        return Ok(NodeConfig::default());
-    }
-    serde_yaml::from_str(text).map_err(|e| format!("invalid config.yaml: {e}"))
+    read_node_config(text, "config.yaml").map(|c| c.config)
+}
+
+/// Reads config.yaml strictly (see `sluice_model::NodeConfig::from_doc`): a YAML syntax error says so with its
+/// line, every other problem names its key. `origin` (the file's name) prefixes each message line.
+pub fn read_node_config(text: &str, origin: &str) -> Result<CheckedConfig, String> {
+    let doc: serde_yaml::Value = if text.trim().is_empty() {
+        serde_yaml::Value::Null
+    } else {
+        serde_yaml::from_str(text).map_err(|e| format!("{origin}: YAML syntax error: {e}"))?
+    };
+    let doc = serde_json::to_value(&doc)
+        .map_err(|e| format!("{origin}: unsupported YAML (keys must be strings): {e}"))?;
+    NodeConfig::from_doc(&doc).map_err(|errs| {
+        errs.iter()
+            .map(|e| format!("{origin}: {e}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
 }
 
 /// APISIX's control API address from config.yaml: `apisix.enable_control` (default true) and `apisix.control.ip`

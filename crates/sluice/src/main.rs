@@ -1,10 +1,14 @@
-//! The `sluice` command: `start` runs the gateway, `mock` a fast origin, `bench` the benchmark suite.
-//! Each subcommand lives in its own crate or module; this file only parses arguments and dispatches.
+//! The `sluice` command: `start` runs the gateway; `test`, `reload`, `quit`, `stop` and `import` operate it (as
+//! `nginx -t` / `nginx -s` and `apisix test|reload|quit|stop`); `mock` runs a fast origin, `bench` the benchmark
+//! suite. Each subcommand lives in its own crate or module; this file only parses arguments and dispatches.
 
 mod apply;
 mod catalog;
 mod control;
+mod import;
+mod instance;
 mod start;
+mod test_config;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,12 +44,74 @@ enum Cmd {
         #[arg(long)]
         workers: Option<usize>,
     },
+    /// Check config.yaml (and apisix.yaml in standalone mode) without starting; exit status 0 when valid.
+    Test {
+        #[arg(short = 'c', long = "config", default_value = "conf/config.yaml")]
+        config: PathBuf,
+        /// Standalone resources file (default: apisix.yaml next to the config file).
+        #[arg(long = "apisix-yaml")]
+        apisix_yaml: Option<PathBuf>,
+    },
+    /// Ask the running instance to re-read config.yaml (SIGHUP).
+    Reload(Signal),
+    /// Stop the running instance gracefully: finish requests in flight, then exit (SIGQUIT).
+    Quit(Signal),
+    /// Stop the running instance at once (SIGTERM).
+    Stop(Signal),
+    /// Write the resources of an APISIX standalone file (apisix.yaml) through the running instance's Admin API.
+    Import {
+        #[arg(short = 'c', long = "config", default_value = "conf/config.yaml")]
+        config: PathBuf,
+        /// The file to import (default: apisix.yaml next to the config file).
+        file: Option<PathBuf>,
+    },
     /// Run a fast mock upstream (HTTP/1.1 keep-alive, fixed body, optional delay).
     Mock(sluice_mock::MockArgs),
     /// Run the benchmark suite (direct vs Sluice vs nginx/HAProxy) and write a JSON + HTML report.
     Bench(Box<sluice_bench::BenchArgs>),
     /// Print the version.
     Version,
+}
+
+/// Which instance `reload`, `quit` and `stop` signal: the pid file config.yaml names, or `--pid-file`.
+#[derive(clap::Args)]
+struct Signal {
+    #[arg(short = 'c', long = "config", default_value = "conf/config.yaml")]
+    config: PathBuf,
+    /// The running instance's pid file (default: from config.yaml, `sluice.pid_file` or `sluice.pid` beside
+    /// config.yaml).
+    #[arg(long = "pid-file")]
+    pid_file: Option<PathBuf>,
+}
+
+fn report(name: &str, r: Result<String, String>) -> ExitCode {
+    match r {
+        Ok(msg) => {
+            println!("{msg}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice {name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn signal(s: Signal, action: instance::Action) -> Result<String, String> {
+    let (path, wait) = match s.pid_file {
+        Some(p) => (p, 30.0),
+        None => {
+            let node = start::load(&s.config)
+                .map_err(|e| {
+                    format!("nothing sent: {e}\n(--pid-file signals the instance without reading config.yaml)")
+                })?
+                .checked
+                .config;
+            let wait = node.sluice.graceful_shutdown_timeout + 5.0;
+            (instance::pid_path(&s.config, &node), wait)
+        }
+    };
+    instance::signal(&path, action, std::time::Duration::from_secs_f64(wait))
 }
 
 fn main() -> ExitCode {
@@ -66,6 +132,26 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Test {
+            config,
+            apisix_yaml,
+        } => match test_config::run(&config, apisix_yaml) {
+            Ok(lines) => {
+                for l in lines {
+                    println!("{l}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sluice test: {e}");
+                eprintln!("sluice test: configuration test failed");
+                ExitCode::FAILURE
+            }
+        },
+        Cmd::Reload(s) => report("reload", signal(s, instance::Action::Reload)),
+        Cmd::Quit(s) => report("quit", signal(s, instance::Action::Quit)),
+        Cmd::Stop(s) => report("stop", signal(s, instance::Action::Stop)),
+        Cmd::Import { config, file } => report("import", import::run(&config, file)),
         Cmd::Mock(args) => match sluice_mock::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -1,5 +1,7 @@
 //! `sluice start`: read the node configuration, take resources from the configured provider, compile and publish
-//! them, start the workers, re-publish on every change, serve the Admin API, and drain on SIGTERM/SIGQUIT/SIGINT.
+//! them, start the workers, re-publish on every change, serve the Admin API. Signals as nginx's master: HUP
+//! re-reads config.yaml (live parts applied, the rest named as needing a restart), USR1 is left to the log files,
+//! QUIT drains and exits, TERM and INT exit at once. docs/operations.md has the operator's view.
 //!
 //! Providers: `data_plane` + `yaml` is APISIX's standalone mode (apisix.yaml, read-only); `traditional` uses the
 //! embedded store (default) or etcd, written through the Admin API. The control plane (providers, reload, Admin
@@ -11,30 +13,65 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_model::{NodeConfig, Resources};
+use serde_json::Value;
+use sluice_model::{CheckedConfig, NodeConfig, Resources};
 use sluice_proxy::{Gateway, Listeners, ProxyConfig, Snapshot};
 use sluice_store::{kv, standalone, ConfigRx};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::task::JoinHandle;
 
 use crate::apply::Applier;
 use crate::catalog::RegistryCatalog;
+use crate::instance::{self, PidLock};
+
+/// config.yaml as read: the text (the control API address is read from it) and the checked model.
+pub struct Loaded {
+    pub text: String,
+    pub checked: CheckedConfig,
+}
+
+/// Reads and checks config.yaml; errors name the file and the key.
+pub fn load(config: &Path) -> Result<Loaded, String> {
+    let text = std::fs::read_to_string(config)
+        .map_err(|e| format!("reading {}: {e}", config.display()))?;
+    let checked = sluice_store::read_node_config(&text, &config.display().to_string())?;
+    Ok(Loaded { text, checked })
+}
+
+/// How the process was asked to end.
+enum Stop {
+    /// SIGQUIT: stop accepting, finish the requests in flight (up to `graceful_shutdown_timeout`), exit.
+    Graceful,
+    /// SIGTERM / SIGINT: stop at once; open connections are closed (nginx's fast shutdown).
+    Fast(&'static str),
+}
 
 pub fn run(
     config: &Path,
     apisix_yaml: Option<PathBuf>,
     workers: Option<usize>,
 ) -> Result<(), String> {
-    let text = std::fs::read_to_string(config)
-        .map_err(|e| format!("reading {}: {e}", config.display()))?;
-    let node: NodeConfig = sluice_store::parse_node_config(&text)?;
+    let loaded = load(config)?;
+    for w in &loaded.checked.warnings {
+        tracing::warn!("{}: {w}", config.display());
+    }
+    let node = loaded.checked.config.clone();
     let workers = workers.unwrap_or_else(|| node.nginx_config.worker_processes.resolve());
     let resources_path = apisix_yaml.unwrap_or_else(|| config.with_file_name("apisix.yaml"));
     let conf_dir = config.parent().unwrap_or(Path::new(".")).to_path_buf();
+    // One instance per pid file, and never two on the same ports (SO_REUSEPORT would share them silently).
+    let pid_lock = PidLock::acquire(&instance::pid_path(config, &node))?;
+    let addrs = sluice_proxy::listen_addrs(&node)?;
+    instance::ports_free(&addrs.iter().map(|(a, _)| *a).collect::<Vec<_>>())?;
 
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("control runtime: {e}"))?;
-    control.block_on(async move {
+    let config = config.to_path_buf();
+    let stop = control.block_on(async move {
+        // First, so a signal sent while starting is never the default action (HUP and USR1 would kill).
+        let mut signals = Signals::install()?;
         // Plugin state (limit counters, metrics) lives as long as the process, across every reload.
         let plugin_state = Arc::new(sluice_plugins::Shared::default());
         // Standalone files and the first-start seed are checked with throwaway plugin state; Admin API writes
@@ -54,12 +91,9 @@ pub fn run(
             let data_dir = conf_dir.join(&node.sluice.data_dir);
             std::fs::create_dir_all(&data_dir)
                 .map_err(|e| format!("creating {}: {e}", data_dir.display()))?;
-            let store = sluice_store::open_store(
-                &node,
-                &data_dir,
-                sluice_plugins::registry::secret_fields,
-            )
-            .await?;
+            let store =
+                sluice_store::open_store(&node, &data_dir, sluice_plugins::registry::secret_fields)
+                    .await?;
             seed_if_empty(store.as_ref(), &resources_path, &check).await?;
             (store.subscribe(), Some(store))
         };
@@ -67,7 +101,6 @@ pub fn run(
         let initial = rx.borrow_and_update().clone();
         let snapshot = Snapshot::compile_with(&initial.resources, initial.revision, &plugin_state)?;
         // node_listen (cleartext) and apisix.ssl.listen (TLS, 9443 unless disabled).
-        let addrs = sluice_proxy::listen_addrs(&node)?;
         let listeners = Listeners::bind_kinds(&addrs, workers)
             .map_err(|e| format!("binding {addrs:?}: {e}"))?;
         let gateway = Gateway::new(ProxyConfig::from_node(&node), snapshot);
@@ -78,64 +111,341 @@ pub fn run(
         let applier = Applier::new(plugin_state.clone(), gateway.clone());
         // Active health checks (`checks.active`) probe from this runtime, never from a worker; they stop at shutdown.
         tokio::spawn(gateway.run_health_checks());
-        if let Some(addr) = metrics_addr(&node)? {
-            // A taken port costs the metrics, not the gateway: log it and serve traffic anyway.
-            match tokio::net::TcpListener::bind(addr).await {
-                Ok(l) => {
-                    tracing::info!(listen = %addr, "prometheus metrics at /apisix/prometheus/metrics");
-                    tokio::spawn(sluice_plugins::serve_metrics(l, plugin_state.clone()));
-                }
-                Err(e) => tracing::error!(listen = %addr, error = %e, "cannot serve prometheus metrics"),
-            }
-        }
 
-        if let Some(addr) = sluice_store::control_addr(&text)? {
-            // As the metrics: a taken port costs the control API, not the gateway.
-            match tokio::net::TcpListener::bind(addr).await {
-                Ok(l) => {
-                    tracing::info!(listen = %addr, "control API at /v1/healthcheck");
-                    tokio::spawn(crate::control::serve(l, gateway.clone(), rx.clone()));
-                }
-                Err(e) => tracing::error!(listen = %addr, error = %e, "cannot serve the control API"),
-            }
-        }
-
-        if let Some(store) = store.clone().filter(|_| node.apisix.enable_admin) {
-            let admin = sluice_admin::AdminConfig::from_node_config(&node)?;
-            let listener = tokio::net::TcpListener::bind(admin.listen)
-                .await
-                .map_err(|e| format!("binding the Admin API on {}: {e}", admin.listen))?;
-            tracing::info!(listen = %admin.listen, "admin API listening");
-            let dry_run = applier.clone();
-            let checker: sluice_admin::Checker = Arc::new(move |r: &Resources| dry_run.dry_run(r));
-            let state = sluice_admin::AdminState::new(
-                admin,
-                store,
-                checker,
-                Arc::new(RegistryCatalog),
-                applied_rx,
-            );
-            tokio::spawn(sluice_admin::serve(listener, state));
-        }
+        let mut side = Side {
+            config: config.clone(),
+            boot: loaded.checked.doc.clone(),
+            doc: loaded.checked.doc.clone(),
+            text: loaded.text.clone(),
+            node: node.clone(),
+            gateway: gateway.clone(),
+            plugin_state: plugin_state.clone(),
+            rx: rx.clone(),
+            store: store.clone(),
+            applier: applier.clone(),
+            applied_rx,
+            admin: None,
+            metrics: None,
+            control: None,
+        };
+        side.start_metrics().await?;
+        side.start_control().await?;
+        side.start_admin(true).await?;
         tracing::info!(
             listen = ?addrs,
             workers,
             provider = %provider,
             routes = initial.resources.routes.len(),
             revision = initial.revision,
+            pid = std::process::id(),
             "sluice started"
         );
 
         tokio::spawn(applier.run(rx, applied_tx));
-        wait_for_signal().await;
-        tracing::info!("shutting down: draining connections");
-        gateway.shutdown();
-        tokio::task::spawn_blocking(move || running.join())
-            .await
-            .map_err(|e| format!("joining workers: {e}"))?;
-        tracing::info!("stopped");
+        let stop = loop {
+            match signals.next().await {
+                Sig::Hup => side.reload().await,
+                // Log files are reopened by the logging layer's own USR1 listener; this one only keeps USR1 from
+                // killing the process.
+                Sig::Usr1 => tracing::info!("SIGUSR1 received: log files are reopened, serving on"),
+                Sig::Quit => break Stop::Graceful,
+                Sig::Term => break Stop::Fast("SIGTERM"),
+                Sig::Int => break Stop::Fast("SIGINT"),
+            }
+        };
+        match stop {
+            Stop::Graceful => {
+                tracing::info!("SIGQUIT: graceful shutdown, draining connections");
+                gateway.shutdown();
+                tokio::task::spawn_blocking(move || running.join())
+                    .await
+                    .map_err(|e| format!("joining workers: {e}"))?;
+            }
+            Stop::Fast(sig) => {
+                tracing::info!("{sig}: fast shutdown, open connections are closed");
+                gateway.shutdown();
+            }
+        }
+        Ok::<Stop, String>(stop)
+    });
+    // Nothing left worth waiting for: the workers were joined (graceful) or are cut off by the exit (fast).
+    control.shutdown_background();
+    let stop = stop?;
+    drop(pid_lock);
+    tracing::info!(
+        "stopped{}",
+        if matches!(stop, Stop::Fast(_)) {
+            " (fast)"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+/// The control-runtime servers that follow config.yaml on SIGHUP (Admin API, control API, metrics), and what
+/// a reload compares against.
+struct Side {
+    config: PathBuf,
+    /// The document the process started with: changes to settings that need a restart are reported against it.
+    boot: Value,
+    /// The document last applied.
+    doc: Value,
+    text: String,
+    node: NodeConfig,
+    gateway: Gateway,
+    plugin_state: Arc<sluice_plugins::Shared>,
+    rx: ConfigRx,
+    store: Option<Arc<dyn kv::Store>>,
+    applier: Arc<Applier>,
+    applied_rx: tokio::sync::watch::Receiver<u64>,
+    admin: Served,
+    metrics: Served,
+    control: Served,
+}
+
+/// Key prefixes a reload applies live, and which server each restarts.
+const LIVE: &[(&str, Part)] = &[
+    ("deployment.admin", Part::Admin),
+    ("apisix.enable_admin", Part::Admin),
+    ("plugin_attr.prometheus", Part::Metrics),
+    ("apisix.control", Part::Control),
+    ("apisix.enable_control", Part::Control),
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Part {
+    Admin,
+    Metrics,
+    Control,
+}
+
+fn under(path: &str, prefix: &str) -> bool {
+    path == prefix || path.starts_with(&format!("{prefix}."))
+}
+
+/// Paths (`a.b.c`) whose values differ between `old` and `new`; lists compare whole.
+fn changed(old: &Value, new: &Value, at: &str, out: &mut Vec<String>) {
+    match (old, new) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                let p = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                let null = Value::Null;
+                changed(
+                    a.get(k).unwrap_or(&null),
+                    b.get(k).unwrap_or(&null),
+                    &p,
+                    out,
+                );
+            }
+        }
+        // An absent or empty section is an empty map: compare what is below it key by key.
+        (Value::Null, Value::Object(_)) => {
+            changed(&Value::Object(Default::default()), new, at, out)
+        }
+        (Value::Object(_), Value::Null) => {
+            changed(old, &Value::Object(Default::default()), at, out)
+        }
+        (a, b) if a != b => out.push(at.to_owned()),
+        _ => {}
+    }
+}
+
+/// A side server: its address, the listening socket it was bound with, and the task serving a duplicate of it.
+type Served = Option<(SocketAddr, std::net::TcpListener, JoinHandle<()>)>;
+
+/// A listener for a side server on `addr`. The same address reuses the socket `old` serves (a duplicate of its
+/// descriptor, so connections waiting in its backlog are accepted by the new server, not reset); a new address
+/// is bound before `old` is stopped, so a failed move keeps the old server. The caller stores the result.
+async fn rebind(
+    addr: SocketAddr,
+    old: &mut Served,
+) -> std::io::Result<(std::net::TcpListener, tokio::net::TcpListener)> {
+    let sock = match old.as_ref() {
+        Some((a, l, _)) if *a == addr => l.try_clone()?,
+        _ => {
+            let l = std::net::TcpListener::bind(addr)?;
+            l.set_nonblocking(true)?;
+            l
+        }
+    };
+    let dup = tokio::net::TcpListener::from_std(sock.try_clone()?)?;
+    stop_server(old).await;
+    Ok((sock, dup))
+}
+
+async fn stop_server(old: &mut Served) {
+    if let Some((_, _, h)) = old.take() {
+        // Connections it accepted run in their own tasks and finish; only the accept loop stops.
+        h.abort();
+        let _ = h.await;
+    }
+}
+
+impl Side {
+    /// The metrics server per `plugin_attr.prometheus`; a taken port costs the metrics, not the gateway.
+    async fn start_metrics(&mut self) -> Result<(), String> {
+        let Some(addr) = metrics_addr(&self.node)? else {
+            stop_server(&mut self.metrics).await;
+            return Ok(());
+        };
+        match rebind(addr, &mut self.metrics).await {
+            Ok((sock, l)) => {
+                tracing::info!(listen = %addr, "prometheus metrics at /apisix/prometheus/metrics");
+                let h = tokio::spawn(sluice_plugins::serve_metrics(l, self.plugin_state.clone()));
+                self.metrics = Some((addr, sock, h));
+            }
+            Err(e) => {
+                tracing::error!(listen = %addr, error = %e, "cannot serve prometheus metrics")
+            }
+        }
         Ok(())
-    })
+    }
+
+    /// The control API per `apisix.control`; as the metrics, a taken port costs the control API only.
+    async fn start_control(&mut self) -> Result<(), String> {
+        let Some(addr) = sluice_store::control_addr(&self.text)? else {
+            stop_server(&mut self.control).await;
+            return Ok(());
+        };
+        match rebind(addr, &mut self.control).await {
+            Ok((sock, l)) => {
+                tracing::info!(listen = %addr, "control API at /v1/healthcheck");
+                let h = tokio::spawn(crate::control::serve(
+                    l,
+                    self.gateway.clone(),
+                    self.rx.clone(),
+                ));
+                self.control = Some((addr, sock, h));
+            }
+            Err(e) => tracing::error!(listen = %addr, error = %e, "cannot serve the control API"),
+        }
+        Ok(())
+    }
+
+    /// The Admin API (traditional role only). At start a failure is fatal; on reload it is logged.
+    async fn start_admin(&mut self, first: bool) -> Result<(), String> {
+        let Some(store) = self.store.clone().filter(|_| self.node.apisix.enable_admin) else {
+            stop_server(&mut self.admin).await;
+            return Ok(());
+        };
+        let admin = sluice_admin::AdminConfig::from_node_config(&self.node)?;
+        let addr = admin.listen;
+        let (sock, listener) = match rebind(addr, &mut self.admin).await {
+            Ok(l) => l,
+            Err(e) if first => return Err(format!("binding the Admin API on {addr}: {e}")),
+            Err(e) => {
+                tracing::error!(listen = %addr, error = %e, "cannot serve the Admin API");
+                return Ok(());
+            }
+        };
+        tracing::info!(listen = %addr, "admin API listening");
+        let dry_run = self.applier.clone();
+        let checker: sluice_admin::Checker = Arc::new(move |r: &Resources| dry_run.dry_run(r));
+        let state = sluice_admin::AdminState::new(
+            admin,
+            store,
+            checker,
+            Arc::new(RegistryCatalog),
+            self.applied_rx.clone(),
+        );
+        self.admin = Some((
+            addr,
+            sock,
+            tokio::spawn(sluice_admin::serve(listener, state)),
+        ));
+        Ok(())
+    }
+
+    /// SIGHUP: re-read config.yaml; apply what can change live, name what needs a restart, keep serving. A
+    /// file that does not pass the checks changes nothing.
+    async fn reload(&mut self) {
+        let path = self.config.display().to_string();
+        let loaded = match load(&self.config) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("SIGHUP: reload refused, the running configuration is kept: {e}");
+                return;
+            }
+        };
+        let node = loaded.checked.config.clone();
+        // Checks the live parts would fail on, before anything is touched.
+        let precheck = metrics_addr(&node)
+            .and_then(|_| sluice_store::control_addr(&loaded.text))
+            .and_then(|_| match &self.store {
+                Some(_) if node.apisix.enable_admin => {
+                    sluice_admin::AdminConfig::from_node_config(&node).map(|_| ())
+                }
+                _ => Ok(()),
+            });
+        if let Err(e) = precheck {
+            tracing::error!(
+                "SIGHUP: reload refused, the running configuration is kept: {path}: {e}"
+            );
+            return;
+        }
+        for w in &loaded.checked.warnings {
+            tracing::warn!("{path}: {w}");
+        }
+        let new = loaded.checked.doc.clone();
+        let mut live = Vec::new();
+        changed(&self.doc, &new, "", &mut live);
+        let mut restart = Vec::new();
+        changed(&self.boot, &new, "", &mut restart);
+        let live_parts = |p: &str| {
+            LIVE.iter()
+                .find(|(pre, _)| under(p, pre))
+                .map(|(_, part)| *part)
+        };
+        restart.retain(|p| live_parts(p).is_none() && NodeConfig::reads_key(p));
+        let mut parts: Vec<Part> = live.iter().filter_map(|p| live_parts(p)).collect();
+        parts.dedup();
+        self.node = node;
+        self.text = loaded.text;
+        self.doc = new;
+        let mut applied = Vec::new();
+        for part in [Part::Admin, Part::Metrics, Part::Control] {
+            if !parts.contains(&part) {
+                continue;
+            }
+            let r = match part {
+                Part::Admin => self.start_admin(false).await,
+                Part::Metrics => self.start_metrics().await,
+                Part::Control => self.start_control().await,
+            };
+            match r {
+                Ok(()) => applied.push(format!("{part:?}")),
+                Err(e) => tracing::error!("SIGHUP: {part:?}: {e}"),
+            }
+        }
+        let changed_live: Vec<&str> = live
+            .iter()
+            .filter(|p| live_parts(p).is_some())
+            .map(String::as_str)
+            .collect();
+        if changed_live.is_empty() {
+            tracing::info!("SIGHUP: config.yaml re-read; no setting that applies live changed");
+        } else {
+            tracing::info!(
+                changed = ?changed_live,
+                restarted = ?applied,
+                "SIGHUP: config.yaml re-read and applied"
+            );
+        }
+        if !restart.is_empty() {
+            tracing::warn!(
+                "SIGHUP: these changed settings need a restart to apply (still running with the old values): {}",
+                restart.join(", ")
+            );
+        }
+    }
 }
 
 /// `plugin_attr.prometheus`: APISIX serves metrics on 127.0.0.1:9091 unless `enable_export_server` is false.
@@ -179,46 +489,19 @@ async fn seed_if_empty(
         std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     let res = standalone::parse(&text)?;
     check(&res)?;
-    let mut ops = Vec::new();
     // Stored as the Admin API stores them: secret fields encrypted.
     let de = store.data_encryption();
-    let mut put = |kind: &str, id: &str, mut v: serde_json::Value| {
-        let key = format!("{kind}/{id}");
-        de.encrypt(&key, &mut v);
-        ops.push(kv::Op::Put {
-            key,
-            value: v,
-            expect_mod: Some(0),
+    let ops: Vec<kv::Op> = crate::import::entries(&res)
+        .into_iter()
+        .map(|(key, mut value)| {
+            de.encrypt(&key, &mut value);
+            kv::Op::Put {
+                key,
+                value,
+                expect_mod: Some(0),
+            }
         })
-    };
-    fn json<T: serde::Serialize>(v: &T) -> serde_json::Value {
-        serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
-    }
-    for r in &res.routes {
-        put("routes", &r.id.0, json(r));
-    }
-    for s in &res.services {
-        put("services", &s.id.0, json(s));
-    }
-    for u in &res.upstreams {
-        put(
-            "upstreams",
-            u.id.as_ref().map_or("", |i| i.0.as_str()),
-            json(u),
-        );
-    }
-    for c in &res.consumers {
-        put("consumers", &c.username, json(c));
-    }
-    for g in &res.global_rules {
-        put("global_rules", &g.id.0, json(g));
-    }
-    for p in &res.plugin_configs {
-        put("plugin_configs", &p.id.0, json(p));
-    }
-    for s in &res.ssls {
-        put("ssls", &s.id.0, json(s));
-    }
+        .collect();
     if ops.is_empty() {
         return Ok(());
     }
@@ -231,20 +514,71 @@ async fn seed_if_empty(
     Ok(())
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut quit), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::quit()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = quit.recv() => {}
-        _ = int.recv() => {}
+enum Sig {
+    Hup,
+    Usr1,
+    Quit,
+    Term,
+    Int,
+}
+
+/// The signals the gateway handles; installing a handler replaces the default action (terminate) for each.
+struct Signals {
+    hup: Signal,
+    usr1: Signal,
+    quit: Signal,
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals, String> {
+        let on = |k: SignalKind, name: &str| {
+            signal(k).map_err(|e| format!("installing the {name} handler: {e}"))
+        };
+        Ok(Signals {
+            hup: on(SignalKind::hangup(), "SIGHUP")?,
+            usr1: on(SignalKind::user_defined1(), "SIGUSR1")?,
+            quit: on(SignalKind::quit(), "SIGQUIT")?,
+            term: on(SignalKind::terminate(), "SIGTERM")?,
+            int: on(SignalKind::interrupt(), "SIGINT")?,
+        })
+    }
+
+    async fn next(&mut self) -> Sig {
+        tokio::select! {
+            _ = self.hup.recv() => Sig::Hup,
+            _ = self.usr1.recv() => Sig::Usr1,
+            _ = self.quit.recv() => Sig::Quit,
+            _ = self.term.recv() => Sig::Term,
+            _ = self.int.recv() => Sig::Int,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn changed_paths_between_two_documents() {
+        let old = json!({"apisix": {"node_listen": [9080], "ssl": {}},
+            "deployment": {"admin": {"admin_key": [{"key": "a"}]}}});
+        let new = json!({"apisix": {"node_listen": [9081], "ssl": null, "enable_admin": true},
+            "deployment": {"admin": {"admin_key": [{"key": "b"}]}}, "sluice": {"keepalive_timeout": 5}});
+        let mut out = Vec::new();
+        changed(&old, &new, "", &mut out);
+        assert_eq!(
+            out,
+            [
+                "apisix.enable_admin",
+                "apisix.node_listen",
+                "deployment.admin.admin_key",
+                "sluice.keepalive_timeout"
+            ]
+        );
+        assert!(under("deployment.admin.admin_key", "deployment.admin"));
+        assert!(!under("deployment.administrator", "deployment.admin"));
     }
 }

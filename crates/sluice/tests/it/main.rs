@@ -9,6 +9,7 @@ mod bodies;
 mod connection;
 mod control;
 mod etcd_outage;
+mod operations;
 mod product_name;
 mod proxy;
 mod reload;

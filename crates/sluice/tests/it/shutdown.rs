@@ -1,6 +1,7 @@
 //! Graceful shutdown: a request in flight when shutdown begins completes (200, announced `Connection: close`),
 //! idle keep-alive connections are closed, the process exits 0 and the port refuses new connections afterwards.
-//! Once through the binary with SIGTERM, once in process with `Gateway::shutdown`.
+//! Once through the binary with SIGQUIT (nginx's graceful stop; SIGTERM is the fast stop, tests/it/operations.rs),
+//! once in process with `Gateway::shutdown`.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,7 @@ use crate::support::process::Sluice;
 use crate::support::{t, Client, Gw, Origin};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_drains_in_flight_request_and_exits_zero() {
+async fn sigquit_drains_in_flight_request_and_exits_zero() {
     t(async {
         let o = Origin::start("o").await;
         let yaml = format!(
@@ -28,7 +29,7 @@ async fn sigterm_drains_in_flight_request_and_exits_zero() {
         }
         assert_eq!(o.in_flight(), 1);
         let t0 = Instant::now();
-        gw.sigterm();
+        gw.signal("QUIT");
         let r = c.read_response(false).await;
         assert_eq!((r.status, r.text().as_str()), (200, "o"), "the in-flight request completes");
         assert!(r.closes(), "the drained connection is announced closed: {}", r.raw_head);

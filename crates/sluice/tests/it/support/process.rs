@@ -163,12 +163,17 @@ impl Sluice {
 
     /// Sends SIGTERM with kill(1).
     pub fn sigterm(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends `SIG<name>` (`HUP`, `QUIT`, `KILL`...) with kill(1).
+    pub fn signal(&self, name: &str) {
         let st = Command::new("kill")
-            .arg("-TERM")
+            .arg(format!("-{name}"))
             .arg(self.pid().to_string())
             .status()
             .expect("run kill");
-        assert!(st.success(), "kill -TERM failed");
+        assert!(st.success(), "kill -{name} failed");
     }
 
     /// Waits (bounded) for the process to exit.

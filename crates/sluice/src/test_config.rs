@@ -1,0 +1,75 @@
+//! `sluice test`: every check `sluice start` makes on its configuration, without binding a port or opening a
+//! store, as `nginx -t` and `apisix test`. Prints what it checked; any failure is the error (exit status 1).
+
+use std::path::{Path, PathBuf};
+
+use sluice_model::Resources;
+use sluice_proxy::Snapshot;
+use sluice_store::standalone;
+
+pub fn run(config: &Path, apisix_yaml: Option<PathBuf>) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let loaded = crate::start::load(config)?;
+    let node = &loaded.checked.config;
+    for w in &loaded.checked.warnings {
+        out.push(format!("warning: {}: {w}", config.display()));
+    }
+    let addrs = sluice_proxy::listen_addrs(node)?;
+    let provider = sluice_store::provider_name(node);
+    out.push(format!(
+        "{}: ok (role {}, config_provider {provider}, listen {})",
+        config.display(),
+        node.deployment.role,
+        addrs
+            .iter()
+            .map(|(a, _)| a.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
+    sluice_store::control_addr(&loaded.text)?;
+    if provider == "etcd" {
+        sluice_store::etcd::EtcdConfig::from_node_config(node)?;
+    }
+    if provider != "yaml" && node.apisix.enable_admin {
+        let admin = sluice_admin::AdminConfig::from_node_config(node)?;
+        out.push(format!(
+            "{}: Admin API on {} with {} key(s)",
+            config.display(),
+            admin.listen,
+            admin.keys.len()
+        ));
+    }
+    out.push(format!(
+        "pid file: {}",
+        crate::instance::pid_path(config, node).display()
+    ));
+    let resources = apisix_yaml.unwrap_or_else(|| config.with_file_name("apisix.yaml"));
+    if provider == "yaml" {
+        out.push(check_resources(&resources)?);
+    } else if resources.exists() {
+        // Only imported into an empty store (or with `sluice import`), but then it must be valid.
+        let line = check_resources(&resources)?;
+        out.push(format!(
+            "{line} (imported only into an empty store, or by `sluice import`)"
+        ));
+    }
+    out.push("configuration test is successful".into());
+    Ok(out)
+}
+
+/// Parses apisix.yaml and compiles it as the data plane would.
+fn check_resources(path: &Path) -> Result<String, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let res: Resources =
+        standalone::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    Snapshot::compile(&res, 0).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(format!(
+        "{}: ok ({} routes, {} services, {} upstreams, {} consumers)",
+        path.display(),
+        res.routes.len(),
+        res.services.len(),
+        res.upstreams.len(),
+        res.consumers.len()
+    ))
+}
