@@ -94,6 +94,9 @@ pub enum ParseError {
     EmptyTransferEncoding,
     /// Transfer-Encoding in an HTTP/1.0 message (400, RFC 9112 §6.1: "faulty framing").
     TransferEncodingHttp10,
+    /// `Content_Length` / `Transfer_Encoding`: a next hop that maps `_` to `-` (CGI-style servers) would frame the
+    /// message differently from Sluice, which ignores them (400).
+    UnderscoreFramingField,
 
     // --- chunked body ---
     /// A chunk-size line without hex digits, or with bytes a chunk line cannot contain (400).
@@ -179,6 +182,7 @@ impl ParseError {
             UnsupportedTransferCoding => "transfer coding other than chunked is not supported",
             EmptyTransferEncoding => "empty Transfer-Encoding",
             TransferEncodingHttp10 => "Transfer-Encoding in an HTTP/1.0 message",
+            UnderscoreFramingField => "Content_Length or Transfer_Encoding field",
             InvalidChunkSize => "invalid chunk size line",
             ChunkSizeOverflow => "chunk size overflows",
             ChunkExtensionTooLong => "chunk extensions longer than the limit",

@@ -21,6 +21,7 @@ mod head;
 mod hop;
 mod parse;
 mod status;
+mod trailer;
 
 pub use chunked::{
     encode_chunk_header, Chunk, ChunkedDecoder, CHUNK_EXT_LIMIT, LAST_CHUNK, TRAILER_LIMIT,
@@ -31,6 +32,7 @@ pub use head::{RequestHead, ResponseHead};
 pub use hop::{connection_tokens, is_hop_by_hop, ConnectionTokens};
 pub use parse::{parse_request, parse_response};
 pub use status::status_reason;
+pub use trailer::{filter_trailers, is_forbidden_trailer, FORBIDDEN_TRAILERS};
 
 /// `(start, end)` byte offsets into a head's `buf`.
 pub type Span = (u32, u32);

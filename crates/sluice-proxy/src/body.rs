@@ -127,8 +127,9 @@ impl Copy<'_> {
                         }
                         Ok(Some(Chunk::End { trailers })) => {
                             if chunked_out {
+                                // Trailers pass, less the fields RFC 9110 §6.5.1 keeps out of them.
                                 out.put_slice(b"0\r\n");
-                                out.put_slice(&trailers);
+                                sluice_http::filter_trailers(&trailers, out);
                             }
                             break;
                         }
@@ -341,4 +342,201 @@ pub(crate) struct Filtered {
     pub written: u64,
     /// The source body was read to its end (false when a filter ended it early).
     pub complete: bool,
+}
+
+/// Watches the upstream for an answer while a request body is being sent: nginx stops sending the body when the
+/// response arrives early, and never reuses that connection (the upstream may not have read the rest, and would
+/// parse it as the next request). [`Watched`] and [`WatchedSink`] are the two ends [`Copy`] is given; each checks
+/// the upstream before it touches its own side, so an early response is seen whether the copy is waiting for the
+/// client or blocked writing upstream. Interim 1xx responses are consumed and the body goes on.
+///
+/// A `RefCell` rather than a split: the copy is one future on one thread, so the two ends never borrow at once,
+/// and a split stream would cost an `Arc` per request.
+pub(crate) struct EarlyWatch<'a, U> {
+    state: std::cell::RefCell<WatchState<'a, U>>,
+}
+
+struct WatchState<'a, U> {
+    up: &'a mut U,
+    /// The upstream's read buffer: what arrived stays there for the response-head read.
+    ubuf: &'a mut BytesMut,
+    limits: sluice_http::Limits,
+    /// A final response (or bytes that can only start one) arrived before the body was sent.
+    early: bool,
+    /// The upstream closed or failed while the body was being sent.
+    failed: Option<std::io::Error>,
+}
+
+const EARLY: &str = "upstream answered before the request body was sent";
+
+impl<'a, U: AsyncRead + AsyncWrite + Unpin> EarlyWatch<'a, U> {
+    pub(crate) fn new(up: &'a mut U, ubuf: &'a mut BytesMut, limits: sluice_http::Limits) -> Self {
+        EarlyWatch {
+            state: std::cell::RefCell::new(WatchState {
+                up,
+                ubuf,
+                limits,
+                early: false,
+                failed: None,
+            }),
+        }
+    }
+
+    /// Whether the upstream's answer started before the body was fully sent (also true when the copy ended and
+    /// bytes of a response are waiting): the connection must not be pooled.
+    pub(crate) fn answered_early(&self) -> bool {
+        let st = self.state.borrow();
+        st.early || !st.ubuf.is_empty()
+    }
+
+    /// The upstream error that stopped the copy, if it was one (not the client's).
+    pub(crate) fn take_failure(&self) -> Option<std::io::Error> {
+        self.state.borrow_mut().failed.take()
+    }
+
+    /// Reads what the upstream sent so far; `Err` stops the copy (an early answer, or the upstream failed).
+    fn poll_check(&self, cx: &mut std::task::Context<'_>) -> std::io::Result<()> {
+        use std::task::Poll;
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        if st.early {
+            return Err(std::io::Error::other(EARLY));
+        }
+        loop {
+            match interim(st.ubuf) {
+                Some(false) => {
+                    st.early = true;
+                    return Err(std::io::Error::other(EARLY));
+                }
+                Some(true) if memchr::memmem::find(st.ubuf, b"\r\n\r\n").is_some() => {
+                    match sluice_http::parse_response(st.ubuf, &st.limits, false) {
+                        Ok(Some(r)) if (100..200).contains(&r.status) && r.status != 101 => {
+                            continue
+                        }
+                        // Anything else is what the response-head read will report.
+                        _ => {
+                            st.early = true;
+                            return Err(std::io::Error::other(EARLY));
+                        }
+                    }
+                }
+                Some(true) | None => {}
+            }
+            let mut tmp = [0u8; 1024];
+            let mut rb = tokio::io::ReadBuf::new(&mut tmp);
+            match std::pin::Pin::new(&mut *st.up).poll_read(cx, &mut rb) {
+                Poll::Pending => return Ok(()),
+                Poll::Ready(Ok(())) if rb.filled().is_empty() => {
+                    let e = || {
+                        std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "upstream closed")
+                    };
+                    st.failed = Some(e());
+                    return Err(e());
+                }
+                Poll::Ready(Ok(())) => st.ubuf.extend_from_slice(rb.filled()),
+                Poll::Ready(Err(e)) => {
+                    let copy = std::io::Error::new(e.kind(), e.to_string());
+                    st.failed = Some(e);
+                    return Err(copy);
+                }
+            }
+        }
+    }
+}
+
+/// Whether `buf` starts with an interim (1xx, not 101) status line; `None` while too short to tell.
+fn interim(buf: &[u8]) -> Option<bool> {
+    const PREFIX: &[u8] = b"HTTP/1.";
+    if buf.is_empty() {
+        return None;
+    }
+    let n = buf.len().min(PREFIX.len());
+    if buf[..n] != PREFIX[..n] {
+        return Some(false);
+    }
+    if buf.len() < 12 {
+        return None;
+    }
+    Some(buf[9] == b'1' && &buf[9..12] != b"101")
+}
+
+/// The client end of a watched body copy.
+pub(crate) struct Watched<'w, 'a, C, U> {
+    pub client: &'w mut C,
+    pub watch: &'w EarlyWatch<'a, U>,
+}
+
+/// The upstream end of a watched body copy.
+pub(crate) struct WatchedSink<'w, 'a, U> {
+    pub watch: &'w EarlyWatch<'a, U>,
+}
+
+impl<C: AsyncRead + Unpin, U: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<'_, '_, C, U> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if let Err(e) = this.watch.poll_check(cx) {
+            return std::task::Poll::Ready(Err(e));
+        }
+        std::pin::Pin::new(&mut *this.client).poll_read(cx, buf)
+    }
+}
+
+impl<U: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WatchedSink<'_, '_, U> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if let Err(e) = self.watch.poll_check(cx) {
+            return std::task::Poll::Ready(Err(e));
+        }
+        let mut st = self.watch.state.borrow_mut();
+        std::pin::Pin::new(&mut *st.up).poll_write(cx, data)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let mut st = self.watch.state.borrow_mut();
+        std::pin::Pin::new(&mut *st.up).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let mut st = self.watch.state.borrow_mut();
+        std::pin::Pin::new(&mut *st.up).poll_shutdown(cx)
+    }
+}
+
+/// How long [`linger`] drains a client whose body was left unread.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Closes our side of a client connection whose request body was not read to its end, then drains what the client
+/// still sends for a bounded time (nginx's lingering close): closing with unread bytes would reset the connection
+/// and could destroy the response still in flight.
+pub(crate) async fn linger<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, buf: &mut BytesMut) {
+    let deadline = tokio::time::Instant::now() + LINGER;
+    if !matches!(
+        tokio::time::timeout_at(deadline, io.shutdown()).await,
+        Ok(Ok(()))
+    ) {
+        return;
+    }
+    // Bounded by the deadline; ends at the client's EOF.
+    loop {
+        buf.clear();
+        buf.reserve(READ_CHUNK);
+        match tokio::time::timeout_at(deadline, io.read_buf(buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => break,
+        }
+    }
+    buf.clear();
 }

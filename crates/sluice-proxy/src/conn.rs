@@ -18,7 +18,7 @@ use sluice_router::{MatchRequest, Params};
 use sluice_upstream::{FailureKind, Tried};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::body::{flush, BodyError, Copy};
+use crate::body::{flush, BodyError, Copy, EarlyWatch, Watched, WatchedSink};
 use crate::error::{html_page, synthetic, Error, Kind, Side, Synthetic};
 use crate::forward::{self, ForwardInfo, OutFraming};
 use crate::pool::Checkout;
@@ -588,6 +588,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             ),
         };
         let mut request_body = 0;
+        // The upstream answered before the whole request went out: that connection is never pooled. `body_cut`:
+        // the copy stopped there, so the client's connection closes (the rest of its body was not read).
+        let (mut answered_early, mut body_cut) = (false, false);
+        self.ubuf.clear();
         if head.body != BodyKind::Empty {
             if head.expect_continue {
                 flush(&mut c.conn, &mut self.out, t.send)
@@ -605,7 +609,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     })?;
             }
             *body_consumed = true;
-            request_body = Copy {
+            let watch = EarlyWatch::new(&mut c.conn, &mut self.ubuf, self.w.shared.cfg.limits);
+            let copied = Copy {
                 input: head.body,
                 chunked_out: head.body == BodyKind::Chunked,
                 read_timeout: self.w.shared.cfg.header_timeout,
@@ -613,9 +618,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 max_bytes: self.w.shared.cfg.max_body,
                 out: &mut self.out,
             }
-            .run(&mut self.io, &mut self.rbuf, &mut c.conn)
-            .await
-            .map_err(|e| sent_err(e, true))?;
+            .run(
+                &mut Watched {
+                    client: &mut self.io,
+                    watch: &watch,
+                },
+                &mut self.rbuf,
+                &mut WatchedSink { watch: &watch },
+            )
+            .await;
+            answered_early = watch.answered_early();
+            let upstream_failed = watch.take_failure();
+            match (copied, upstream_failed) {
+                (Ok(n), _) => request_body = n,
+                (Err(_), _) if answered_early => {
+                    body_cut = true;
+                    self.out.clear();
+                }
+                (Err(_), Some(e)) => return Err(sent_err(BodyError::Sink(e.to_string()), true)),
+                (Err(e), None) => return Err(sent_err(e, true)),
+            }
         } else {
             flush(&mut c.conn, &mut self.out, t.send)
                 .await
@@ -624,7 +646,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
 
         // Response head.
         let is_head = head.method_str() == "HEAD";
-        self.ubuf.clear();
         let resp = self
             .read_response_head(&mut c, is_head, t.read)
             .await
@@ -669,7 +690,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 };
             }
         }
-        let keep = head.keep_alive && framing != OutFraming::Close && !*self.shutdown.borrow();
+        let keep = head.keep_alive
+            && framing != OutFraming::Close
+            && !*self.shutdown.borrow()
+            && !body_cut;
         self.out.clear();
         let resp_edits: Option<&RespEdits> = pctx.as_deref().map(|c| &c.resp);
         if let Some(r) = own
@@ -743,8 +767,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 ));
             }
         };
-        if resp_keep && resp_body != BodyKind::Eof && self.ubuf.is_empty() && complete {
+        // Only a request sent whole before any answer arrived leaves the upstream in step for the next one.
+        if resp_keep
+            && resp_body != BodyKind::Eof
+            && self.ubuf.is_empty()
+            && complete
+            && !answered_early
+        {
             self.w.pool.checkin(c, up.pool);
+        }
+        if body_cut {
+            crate::body::linger(&mut self.io, &mut self.rbuf).await;
         }
         Ok(Done {
             keep,

@@ -2,7 +2,9 @@
 //!
 //! Header names, their case and order are copied byte for byte from what was received; only hop-by-hop fields
 //! (RFC 9110 §7.6.1, including those listed in `Connection`) are dropped, `Host` is set per `pass_host`, and the
-//! X-Forwarded-* family is added as APISIX's nginx template does.
+//! X-Forwarded-* family is added as APISIX's nginx template does. The framing the parser decided (Content-Length,
+//! or Transfer-Encoding written fresh) and Host are never removed by a `Connection` option or a plugin edit: see
+//! "Smuggling defences" in docs/http-conformance.md.
 
 use bytes::{BufMut, BytesMut};
 use sluice_http::{connection_tokens, BodyKind, RequestHead, ResponseHead, Version};
@@ -63,17 +65,27 @@ pub(crate) fn request_head(
     for h in &head.headers {
         let name = head.slice(h.name);
         let value = head.slice(h.value);
+        // What the parser decided from these two fields is what goes out: neither a `Connection` option nor a
+        // plugin edit can remove them (a dropped Content-Length would turn the body into a second request).
+        match name.len() {
+            4 if name.eq_ignore_ascii_case(b"host") => {
+                if !wrote_host {
+                    write_host(out, name, value, info, edits);
+                    wrote_host = true;
+                }
+                continue;
+            }
+            // Only present when the body is length-framed (CL with TE is refused by the parser).
+            14 if name.eq_ignore_ascii_case(b"content-length") => {
+                put_header(out, name, value);
+                continue;
+            }
+            _ => {}
+        }
         if tokens.is_hop_by_hop(name) || name.eq_ignore_ascii_case(b"expect") {
             continue;
         }
-        if edits.is_some_and(|e| e.drops(name)) && !name.eq_ignore_ascii_case(b"host") {
-            continue;
-        }
-        if name.eq_ignore_ascii_case(b"host") {
-            if !wrote_host {
-                write_host(out, name, value, info, edits);
-                wrote_host = true;
-            }
+        if edits.is_some_and(|e| e.drops(name)) {
             continue;
         }
         if name.eq_ignore_ascii_case(b"x-forwarded-for") {
@@ -106,7 +118,7 @@ pub(crate) fn request_head(
     }
     if let Some(e) = edits {
         for (name, value) in &e.set_headers {
-            if !name.eq_ignore_ascii_case(b"host") {
+            if !is_owned_request_field(name) {
                 put_header(out, name, value);
             }
         }
@@ -131,6 +143,20 @@ pub(crate) fn request_head(
         out.put_slice(b"Transfer-Encoding: chunked\r\n");
     }
     out.put_slice(b"\r\n");
+}
+
+/// Fields Sluice writes itself from what it decided (Host per `pass_host` or a plugin's `host`, the framing, the
+/// connection handling): a plugin's header edit naming one is ignored.
+fn is_owned_request_field(name: &[u8]) -> bool {
+    sluice_http::is_hop_by_hop(name)
+        || name.eq_ignore_ascii_case(b"host")
+        || name.eq_ignore_ascii_case(b"content-length")
+        || name.eq_ignore_ascii_case(b"expect")
+}
+
+/// Response fields a plugin's header edit cannot set: the framing and the connection handling are Sluice's.
+pub(crate) fn is_owned_response_field(name: &[u8]) -> bool {
+    sluice_http::is_hop_by_hop(name) || name.eq_ignore_ascii_case(b"content-length")
 }
 
 /// Appends `, value` to the X-Forwarded-For value written at `xff`, shifting what follows it.
@@ -213,6 +239,19 @@ pub(crate) fn response_head(
     let tokens = connection_tokens(&resp.buf, &resp.headers);
     for h in &resp.headers {
         let name = resp.slice(h.name);
+        if name.len() == 14 && name.eq_ignore_ascii_case(b"content-length") {
+            // The length the body is framed with goes out whatever the upstream's `Connection` or a plugin says; a
+            // re-framed body carries none. Without a body (HEAD, 304) it describes the representation and passes.
+            let keep = match framing {
+                OutFraming::Length => true,
+                OutFraming::None => !edits.is_some_and(|e| e.drops(name)),
+                OutFraming::Chunked | OutFraming::Close => false,
+            };
+            if keep {
+                put_header(out, name, resp.slice(h.value));
+            }
+            continue;
+        }
         if tokens.is_hop_by_hop(name) || edits.is_some_and(|e| e.drops(name)) {
             continue;
         }
@@ -220,7 +259,9 @@ pub(crate) fn response_head(
     }
     if let Some(e) = edits {
         for (name, value) in e.set_headers.iter().chain(&e.add_headers) {
-            put_header(out, name, value);
+            if !is_owned_response_field(name) {
+                put_header(out, name, value);
+            }
         }
     }
     if framing == OutFraming::Chunked {

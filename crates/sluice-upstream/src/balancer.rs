@@ -345,6 +345,12 @@ impl Filter<'_> {
         self.health.is_none() && self.tried.is_empty()
     }
 
+    /// A later attempt of a request: some node was already tried.
+    #[inline]
+    fn is_retry(&self) -> bool {
+        !self.tried.is_empty()
+    }
+
     #[inline]
     fn allows(&self, i: usize) -> bool {
         !self.tried.contains(i) && self.health.is_none_or(|h| h.is_healthy(i))

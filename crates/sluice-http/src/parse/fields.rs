@@ -84,6 +84,14 @@ impl Fields {
                     }
                 }
             }
+            // `eq_lower` cannot compare `_`; these arms only run for names of these lengths that were not the
+            // real field.
+            14 | 17
+                if name.eq_ignore_ascii_case(b"content_length")
+                    || name.eq_ignore_ascii_case(b"transfer_encoding") =>
+            {
+                return Err(ParseError::UnderscoreFramingField)
+            }
             _ => {}
         }
         Ok(())

@@ -240,7 +240,8 @@ async fn finish(tx: &mut SendStream<Bytes>, raw: &[u8]) -> Result<(), ()> {
     }
 }
 
-/// Parses a raw, already validated chunked trailer section into h2 fields (invalid ones are dropped).
+/// Parses a raw, already validated chunked trailer section into h2 fields (invalid ones and those RFC 9110 §6.5.1
+/// keeps out of trailers are dropped).
 pub(super) fn trailer_map(raw: &[u8]) -> HeaderMap {
     let mut map = HeaderMap::new();
     for line in raw.split(|&b| b == b'\n') {
@@ -249,6 +250,9 @@ pub(super) fn trailer_map(raw: &[u8]) -> HeaderMap {
             continue;
         };
         let value = line[colon + 1..].trim_ascii();
+        if sluice_http::is_forbidden_trailer(&line[..colon]) {
+            continue;
+        }
         if let (Ok(n), Ok(v)) = (
             HeaderName::from_bytes(&line[..colon]),
             HeaderValue::from_bytes(value),

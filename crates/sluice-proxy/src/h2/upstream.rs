@@ -385,14 +385,18 @@ async fn write_response<W: AsyncWrite + Unpin>(
     out.put_slice(sluice_http::status_reason(sent_status).as_bytes());
     out.put_slice(b"\r\n");
     for (n, v) in &parts.headers {
-        if edits.is_some_and(|e| e.drops(n.as_str().as_bytes())) {
+        // The length the body is framed with cannot be removed by a plugin (as on the HTTP/1.1 path).
+        let framing_length = framing == Framing::Length && n == http::header::CONTENT_LENGTH;
+        if !framing_length && edits.is_some_and(|e| e.drops(n.as_str().as_bytes())) {
             continue;
         }
         put(&mut out, n.as_str().as_bytes(), v.as_bytes());
     }
     if let Some(e) = edits {
         for (n, v) in e.set_headers.iter().chain(&e.add_headers) {
-            put(&mut out, n, v);
+            if !crate::forward::is_owned_response_field(n) {
+                put(&mut out, n, v);
+            }
         }
     }
     match framing {
@@ -472,7 +476,9 @@ async fn write_response<W: AsyncWrite + Unpin>(
         let before = out.len();
         out.put_slice(b"0\r\n");
         for (n, v) in trailers.iter().flatten() {
-            put(&mut out, n.as_str().as_bytes(), v.as_bytes());
+            if !sluice_http::is_forbidden_trailer(n.as_str().as_bytes()) {
+                put(&mut out, n.as_str().as_bytes(), v.as_bytes());
+            }
         }
         out.put_slice(b"\r\n");
         total += (out.len() - before) as u64;

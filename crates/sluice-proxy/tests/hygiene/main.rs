@@ -5,9 +5,12 @@
 //! forwarded). Also: 413/414/431, the header-read timeout (slowloris), the connection cap, a malicious upstream
 //! (response splitting) and active/passive health checks with an origin that goes down and comes back.
 
+mod early;
 mod health;
 mod limits;
 mod malformed;
+mod retries;
+mod smuggling;
 mod upstream;
 
 use std::io::{Read, Write};

@@ -19,6 +19,7 @@ use sluice_model::Resources;
 use sluice_proxy::{Gateway, ListenerKind, Listeners, ProxyConfig, Running, Snapshot};
 
 mod listener;
+mod smuggling;
 mod upstream;
 
 /// A CA, or a leaf it signed.

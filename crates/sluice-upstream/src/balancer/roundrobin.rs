@@ -6,7 +6,9 @@
 //! weight unit, so every full cycle matches the weights exactly. When the reduced weights sum
 //! to more than [`MAX_SEQUENCE`], each is scaled to `round(w * MAX_SEQUENCE / total)` (at least
 //! 1): proportions are then exact to within one entry per node per cycle. Not handled here:
-//! health and retries only skip entries (the filter), they never rebuild the sequence.
+//! health and retries only skip entries (the filter), they never rebuild the sequence. A retry
+//! does not advance the cursor (it scans from a random entry), so a failing node does not shift
+//! the rotation of later requests.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -67,7 +69,15 @@ impl Sequence {
         if len == 0 {
             return None;
         }
-        let start = self.cursor.0.fetch_add(1, Ordering::Relaxed) % len;
+        // A retry leaves the shared cursor alone: advancing it would make the failed node the first pick of the
+        // next request again (with two nodes, every request would start on the slow one). It starts at a random
+        // entry instead, which picks the untried nodes in proportion to their weights, and concurrent retries
+        // spread rather than all landing on the entry under the cursor.
+        let start = if f.is_retry() {
+            rand_below(len)
+        } else {
+            self.cursor.0.fetch_add(1, Ordering::Relaxed) % len
+        };
         if open {
             return Some(self.seq[start] as usize);
         }

@@ -622,3 +622,66 @@ fn concurrent_picks_while_health_flaps() {
         assert!((0..4).all(|i| b.active(i) == 0), "{kind:?}");
     }
 }
+
+/// Proxies `n` requests the way `conn.rs` does against two nodes where node 0 always times out and node 1 answers:
+/// pick, and on a failure report it and pick again with node 0 tried. Returns how many requests started on node 0.
+fn slow_first_picks(kind: LbKind, n: usize) -> usize {
+    let b = Balancer::new(kind, nodes(&[1, 1]));
+    let mut slow_first = 0;
+    for k in 0..n {
+        let key = format!("client-{k}");
+        let mut tried = Tried::new();
+        let mut first = true;
+        loop {
+            let i = b.pick(Some(key.as_bytes()), &tried).expect("a node");
+            tried.insert(i);
+            b.on_request_start(i);
+            if i == 0 {
+                slow_first += usize::from(first);
+                b.on_request_end(0, Duration::from_secs(1), false);
+                b.health().report_failure(0, FailureKind::Timeout);
+                first = false;
+                continue;
+            }
+            b.on_request_end(1, Duration::from_millis(1), true);
+            break;
+        }
+    }
+    slow_first
+}
+
+#[test]
+fn a_retry_does_not_steer_the_next_request_to_the_failed_node() {
+    const N: usize = 400;
+    for kind in ALL {
+        let slow_first = slow_first_picks(kind, N);
+        // Equal weights: at most half the requests start on the slow node (roundrobin exactly, chash by its keys,
+        // least_conn by its random tie-break, far below this bound: P(Binomial(400, 1/2) > 260) < 1e-9; ewma
+        // avoids the slow node once it has a latency).
+        let bound = match kind {
+            LbKind::RoundRobin => N / 2 + 1,
+            _ => N * 65 / 100,
+        };
+        assert!(
+            slow_first <= bound,
+            "{kind:?}: {slow_first} of {N} requests started on the slow node (bound {bound})"
+        );
+    }
+}
+
+#[test]
+fn roundrobin_retry_keeps_the_weighted_rotation() {
+    // Weights 3:1, node 1 (weight 1) always fails: it is still tried first on exactly a quarter of the requests.
+    let b = Balancer::new(LbKind::RoundRobin, nodes(&[3, 1]));
+    let mut first_on_1 = 0;
+    for _ in 0..400 {
+        let mut tried = Tried::new();
+        let i = b.pick(None, &tried).unwrap();
+        if i == 1 {
+            first_on_1 += 1;
+            tried.insert(1);
+            assert_eq!(b.pick(None, &tried), Some(0));
+        }
+    }
+    assert_eq!(first_on_1, 100);
+}
