@@ -21,6 +21,7 @@ mod head;
 mod hop;
 mod parse;
 mod status;
+pub mod uri;
 
 pub use chunked::{
     encode_chunk_header, Chunk, ChunkedDecoder, CHUNK_EXT_LIMIT, LAST_CHUNK, TRAILER_LIMIT,

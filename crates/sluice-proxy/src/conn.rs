@@ -296,17 +296,31 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
 
     /// Serves one request. `Ok(true)`: the connection may carry another.
     async fn handle(&mut self, snap: &Snapshot, head: RequestHead) -> Result<bool, Error> {
+        let client_ip = self.client_ip.clone();
+        // Routing, vars and plugins see nginx's `$uri`; a path that has none (bad escape, `..` above the root) is
+        // refused like nginx does, before anything else looks at it.
+        let view = match ReqView::new(&head, self.peer, self.local, self.scheme).and_then(|v| {
+            if self.w.shared.cfg.normalize_uri_like_servlet {
+                v.like_servlet()
+            } else {
+                Ok(v)
+            }
+        }) {
+            Ok(v) => v.with_peer_text(&client_ip),
+            Err(e) => {
+                let e = Error::downstream(Kind::BadRequest(400), e.to_string());
+                return self.refuse(&head, &e).await;
+            }
+        };
+        // On the normalised path too (APISIX matches `$uri`): `/public/../admin` is not a public path.
         if self
             .mtls_gate
             .as_ref()
-            .is_some_and(|g| !g.allows(head.slice(head.path)))
+            .is_some_and(|g| !g.allows(view.uri.as_bytes()))
         {
             let e = Error::downstream(Kind::BadRequest(400), "client certificate required");
             return self.refuse(&head, &e).await;
         }
-        let client_ip = self.client_ip.clone();
-        let view =
-            ReqView::new(&head, self.peer, self.local, self.scheme).with_peer_text(&client_ip);
         self.params.clear();
         let Some(&idx) = snap.router.find(&view, &mut self.params) else {
             return self

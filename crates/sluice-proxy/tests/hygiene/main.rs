@@ -8,6 +8,7 @@
 mod health;
 mod limits;
 mod malformed;
+mod paths;
 mod upstream;
 
 use std::io::{Read, Write};
