@@ -22,6 +22,7 @@ mod hop;
 mod parse;
 mod status;
 mod trailer;
+pub mod uri;
 
 pub use chunked::{
     encode_chunk_header, Chunk, ChunkedDecoder, CHUNK_EXT_LIMIT, LAST_CHUNK, TRAILER_LIMIT,

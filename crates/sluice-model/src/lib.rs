@@ -12,7 +12,9 @@ pub mod schema;
 
 pub use extra::{ConsumerGroup, Credential, PluginMetadata, Proto, Secret};
 pub use merge::{merge_route_service, EffectiveRoute};
-pub use node::{CheckedConfig, DataEncryptionSection, ListenAddr, NodeConfig, WorkerCount};
+pub use node::{
+    CheckedConfig, DataEncryptionSection, ListenAddr, NginxTime, NodeConfig, WorkerCount,
+};
 pub use resource::*;
 
 /// Every resource set the data plane consumes, as one value: what a provider (standalone file, embedded store,

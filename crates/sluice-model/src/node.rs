@@ -82,6 +82,8 @@ pub struct ApisixSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ssl: Option<Value>,
     pub data_encryption: DataEncryptionSection,
+    /// Route on the path with servlet `;` parameters cut from each segment (APISIX, default false).
+    pub normalize_uri_like_servlet: bool,
 }
 
 impl Default for ApisixSection {
@@ -95,14 +97,15 @@ impl Default for ApisixSection {
             enable_http2: true,
             ssl: None,
             data_encryption: DataEncryptionSection::default(),
+            normalize_uri_like_servlet: false,
         }
     }
 }
 
 /// `apisix.data_encryption`, with APISIX's defaults (apisix/cli/config.lua): encrypt the plugins' `encrypt_fields`,
 /// and APISIX's two sample keys, so data an APISIX node with default settings wrote reads the same. Those keys are
-/// public: production configurations set their own. `keyring` is one key or a list (16 or 32 bytes each); `null`
-/// or an empty list stores everything in clear.
+/// public: production configurations set their own. `keyring` is one key or a list (16 or 32 bytes each); an
+/// empty list stores everything in clear (`null`, like any empty key, means the default).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct DataEncryptionSection {
@@ -184,6 +187,88 @@ fn listen_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ListenAddr>, D::Er
 pub struct NginxConfigSection {
     /// `auto` (one per core) or a number; Sluice runs this many worker threads.
     pub worker_processes: WorkerCount,
+    pub http: NginxHttpSection,
+}
+
+/// `nginx_config.http`: the settings Sluice honours.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NginxHttpSection {
+    /// Longest wait between two reads of a request body (nginx `client_body_timeout`, APISIX default 60s).
+    pub client_body_timeout: NginxTime,
+}
+
+impl Default for NginxHttpSection {
+    fn default() -> Self {
+        NginxHttpSection {
+            client_body_timeout: NginxTime(std::time::Duration::from_secs(60)),
+        }
+    }
+}
+
+/// An nginx time value: `60s`, `500ms`, `1m30s`, or a bare number of seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NginxTime(pub std::time::Duration);
+
+impl NginxTime {
+    pub fn as_secs_f64(self) -> f64 {
+        self.0.as_secs_f64()
+    }
+
+    /// nginx's units: ms, s, m, h, d, w, M (30 days), y (365 days); no unit means seconds.
+    pub fn parse(s: &str) -> Result<NginxTime, String> {
+        let bad = || format!("invalid nginx time {s:?}");
+        let mut rest = s.trim();
+        if rest.is_empty() {
+            return Err(bad());
+        }
+        let mut ms: u64 = 0;
+        while !rest.is_empty() {
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+            rest = &rest[digits..];
+            let unit = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+            let per: u64 = match &rest[..unit] {
+                "ms" => 1,
+                "" | "s" => 1000,
+                "m" => 60_000,
+                "h" => 3_600_000,
+                "d" => 86_400_000,
+                "w" => 7 * 86_400_000,
+                "M" => 30 * 86_400_000,
+                "y" => 365 * 86_400_000,
+                _ => return Err(bad()),
+            };
+            rest = rest[unit..].trim_start();
+            ms = n
+                .checked_mul(per)
+                .and_then(|v| v.checked_add(ms))
+                .ok_or_else(bad)?;
+        }
+        Ok(NginxTime(std::time::Duration::from_millis(ms)))
+    }
+}
+
+impl Serialize for NginxTime {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}ms", self.0.as_millis()))
+    }
+}
+
+impl<'de> Deserialize<'de> for NginxTime {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => NginxTime::parse(&s).map_err(serde::de::Error::custom),
+            Value::Number(n) => n
+                .as_f64()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .map(|v| NginxTime(std::time::Duration::from_secs_f64(v)))
+                .ok_or_else(|| serde::de::Error::custom("nginx time must be non-negative")),
+            v => Err(serde::de::Error::custom(format!(
+                "nginx time must be a string like \"60s\" or a number, got {v}"
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -315,5 +400,32 @@ impl Default for SluiceSection {
             data_dir: "../.data".into(),
             pid_file: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nginx_time_units_and_client_body_timeout() {
+        let ms = |s: &str| NginxTime::parse(s).map(|t| t.0.as_millis());
+        assert_eq!(ms("60s"), Ok(60_000));
+        assert_eq!(ms("500ms"), Ok(500));
+        assert_eq!(ms("1m30s"), Ok(90_000));
+        assert_eq!(ms("5"), Ok(5_000));
+        for bad in ["", "s", "5x", "-1s", "1.5s", "99999999999999999999y"] {
+            assert!(NginxTime::parse(bad).is_err(), "{bad:?}");
+        }
+        let n: NodeConfig = serde_json::from_value(serde_json::json!({
+            "nginx_config": {"http": {"client_body_timeout": "15s"}},
+            "apisix": {"normalize_uri_like_servlet": true}
+        }))
+        .unwrap();
+        assert_eq!(n.nginx_config.http.client_body_timeout.0.as_secs(), 15);
+        assert!(n.apisix.normalize_uri_like_servlet);
+        let d = NodeConfig::default();
+        assert_eq!(d.nginx_config.http.client_body_timeout.0.as_secs(), 60);
+        assert!(!d.apisix.normalize_uri_like_servlet);
     }
 }

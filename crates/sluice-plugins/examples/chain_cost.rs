@@ -36,7 +36,7 @@ fn main() {
         .unwrap();
     let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
     let local: SocketAddr = "127.0.0.1:9080".parse().unwrap();
-    let view = ReqView::new(&head, peer, local, "http");
+    let view = ReqView::new(&head, peer, local, "http").expect("a normal path");
     let info = LogInfo {
         status: 200,
         request_bytes: 80,

@@ -27,7 +27,7 @@ fn cost(chain: &Chain, header: &str, value: &str, n: u32) -> f64 {
         .unwrap();
     let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
     let local: SocketAddr = "127.0.0.1:9080".parse().unwrap();
-    let view = ReqView::new(&head, peer, local, "http");
+    let view = ReqView::new(&head, peer, local, "http").expect("a normal path");
     let run = |n: u32| {
         let t0 = Instant::now();
         for _ in 0..n {

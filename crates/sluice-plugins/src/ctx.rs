@@ -239,7 +239,7 @@ impl<'a> Ctx<'a> {
                         .and_then(|m| m.service_name.as_deref())
                         .map(Cow::Borrowed)
                 }
-                "request_uri" => return Some(Cow::Borrowed(self.req.head.target_str())),
+                "request_uri" => return Some(self.req.request_uri()),
                 other => {
                     if let Some((_, v)) = self.vars.iter().find(|(n, _)| *n == other) {
                         return Some(Cow::Borrowed(v));

@@ -5,11 +5,17 @@
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
+use sluice_http::uri::{self, UriError};
 use sluice_http::RequestHead;
 use sluice_router::{MatchRequest, Var};
 
 pub struct ReqView<'a> {
     pub head: &'a RequestHead,
+    /// nginx's `$uri`: the path percent-decoded once, slashes merged, dot segments resolved
+    /// (`sluice_http::uri::normalize`), and with `normalize_uri_like_servlet` also cut of `;` parameters. Routing,
+    /// the `uri` variable and plugins see this; the original bytes are what is forwarded. Borrowed from the head on
+    /// the fast path (a path with nothing to normalise).
+    pub uri: Cow<'a, str>,
     /// Host without port, lower-cased (borrowed when it already is).
     pub host: Option<Cow<'a, str>>,
     pub peer: SocketAddr,
@@ -27,12 +33,15 @@ impl<'a> ReqView<'a> {
         self
     }
 
+    /// The view of a parsed head. Fails (the request gets 400, as from nginx) when its path cannot be normalised:
+    /// a bad or NUL escape, or `..` above the root.
     pub fn new(
         head: &'a RequestHead,
         peer: SocketAddr,
         local: SocketAddr,
         scheme: &'static str,
-    ) -> Self {
+    ) -> Result<Self, UriError> {
+        let uri = uri::normalize(head.path_str())?;
         let host = head.host_str().map(|h| {
             let h = strip_port(h);
             if h.bytes().any(|b| b.is_ascii_uppercase()) {
@@ -41,13 +50,32 @@ impl<'a> ReqView<'a> {
                 Cow::Borrowed(h)
             }
         });
-        ReqView {
+        Ok(ReqView {
             head,
+            uri,
             host,
             peer,
             local,
             scheme,
             peer_text: None,
+        })
+    }
+
+    /// APISIX's `normalize_uri_like_servlet` on top: `/admin;jsessionid=x` routes as `/admin`.
+    pub fn like_servlet(mut self) -> Result<Self, UriError> {
+        if let Cow::Owned(s) = uri::servlet(&self.uri)? {
+            self.uri = Cow::Owned(s);
+        }
+        Ok(self)
+    }
+
+    /// APISIX's `request_uri`: the normalised `uri` plus `?args` (the original is the raw target).
+    pub fn request_uri(&self) -> Cow<'_, str> {
+        let target = self.head.target_str();
+        match (&self.uri, self.head.query_str()) {
+            (Cow::Borrowed(_), _) if target.starts_with('/') => Cow::Borrowed(target),
+            (u, Some(q)) => Cow::Owned(format!("{u}?{q}")),
+            (u, None) => Cow::Borrowed(u),
         }
     }
 
@@ -92,7 +120,7 @@ fn strip_port(h: &str) -> &str {
 
 impl MatchRequest for ReqView<'_> {
     fn path(&self) -> &str {
-        self.head.path_str()
+        &self.uri
     }
     fn host(&self) -> Option<&str> {
         self.host.as_deref()
@@ -105,8 +133,8 @@ impl MatchRequest for ReqView<'_> {
     }
     fn var(&self, var: &Var) -> Option<Cow<'_, str>> {
         match var {
-            Var::Uri => Some(Cow::Borrowed(self.head.path_str())),
-            Var::RequestUri => Some(Cow::Borrowed(self.head.target_str())),
+            Var::Uri => Some(Cow::Borrowed(&self.uri)),
+            Var::RequestUri => Some(self.request_uri()),
             Var::Host => self.host.as_deref().map(Cow::Borrowed),
             Var::RemoteAddr => Some(match self.peer_text {
                 Some(t) => Cow::Borrowed(t),

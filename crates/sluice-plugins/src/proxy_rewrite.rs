@@ -8,6 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use regex::Regex;
 use serde_json::{json, Map, Value};
+use sluice_http::uri::{escape_controls, escape_path};
 
 use crate::registry::Entry;
 use crate::util::Template;
@@ -143,12 +144,19 @@ impl Plugin for ProxyRewrite {
         PhaseMask::of(&[Phase::Rewrite])
     }
     fn rewrite(&self, ctx: &mut Ctx<'_>) -> Flow {
-        let path = ctx.req.head.path_str();
+        // As APISIX: built from the normalised `uri`, then escaped (nginx's `ngx_escape_uri`) so a decoded `%0D%0A`
+        // or space cannot reach the upstream request line.
+        let path: &str = &ctx.req.uri;
         let new_path = if let Some(t) = &self.uri {
-            Some(t.resolve(ctx).0.into_owned())
+            let p = t.resolve(ctx).0;
+            // A `?` the template wrote itself starts a query and stays.
+            Some(match p.split_once('?') {
+                Some((a, q)) => format!("{}?{}", escape_path(a), escape_controls(q)),
+                None => escape_path(&p).into_owned(),
+            })
         } else if let Some((re, rep)) = &self.regex_uri {
             re.is_match(path)
-                .then(|| re.replace(path, rep.as_str()).into_owned())
+                .then(|| escape_path(&re.replace(path, rep.as_str())).into_owned())
         } else {
             None
         };

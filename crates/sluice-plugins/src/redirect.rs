@@ -142,7 +142,7 @@ impl Plugin for Redirect {
         } else if let Some(t) = &self.uri {
             location = Some(t.resolve(ctx).0.into_owned());
         } else if let Some((re, rep)) = &self.regex_uri {
-            let path = ctx.req.head.path_str();
+            let path: &str = &ctx.req.uri;
             if re.is_match(path) {
                 location = Some(re.replace(path, rep.as_str()).into_owned());
             }
@@ -159,6 +159,8 @@ impl Plugin for Redirect {
                 loc.push_str(q);
             }
         }
+        // Built from the decoded `uri`: a `%0D%0A` in the request must not split the response head.
+        let loc = sluice_http::uri::escape_controls(&loc).into_owned();
         let mut r = error_page(code);
         r.headers
             .push((Bytes::from_static(b"Location"), Bytes::from(loc)));

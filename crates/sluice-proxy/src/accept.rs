@@ -11,6 +11,7 @@ use tokio::net::TcpStream;
 
 use crate::conn::Conn;
 use crate::server::Worker;
+use crate::slots::Slot;
 
 /// How a listener's connections start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,22 +30,29 @@ pub(crate) async fn serve(
     peer: SocketAddr,
     local: SocketAddr,
     kind: ListenerKind,
+    slot: Rc<Slot>,
     w: Rc<Worker>,
 ) {
     use crate::h2::Opening;
     let t = w.shared.cfg.header_timeout;
+    let http1 = |stream, slot, w| Conn::new(stream, peer, local, "http", w).with_slot(slot);
+    // An h2 connection multiplexes requests: never evicted for a newcomer once it has opened.
+    let h2 = |stream, slot: Rc<Slot>, w| {
+        slot.set_busy();
+        crate::h2::serve(stream, peer, local, "http", w)
+    };
     match kind {
         ListenerKind::Plain if w.shared.cfg.enable_http2 => {
             match crate::h2::sniff(&stream, t).await {
-                Opening::H2 => crate::h2::serve(stream, peer, local, "http", w).await,
-                Opening::Http1 => Conn::new(stream, peer, local, "http", w).run().await,
+                Opening::H2 => h2(stream, slot, w).await,
+                Opening::Http1 => http1(stream, slot, w).run().await,
                 Opening::Neither => crate::h2::refuse(stream).await,
             }
         }
-        ListenerKind::Plain => Conn::new(stream, peer, local, "http", w).run().await,
-        ListenerKind::Tls => crate::tls_server::serve(stream, peer, local, w).await,
+        ListenerKind::Plain => http1(stream, slot, w).run().await,
+        ListenerKind::Tls => crate::tls_server::serve(stream, peer, local, slot, w).await,
         ListenerKind::H2c => match crate::h2::sniff(&stream, t).await {
-            Opening::H2 => crate::h2::serve(stream, peer, local, "http", w).await,
+            Opening::H2 => h2(stream, slot, w).await,
             _ => crate::h2::refuse(stream).await,
         },
     }

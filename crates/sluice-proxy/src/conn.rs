@@ -23,6 +23,7 @@ use crate::error::{html_page, synthetic, Error, Kind, Side, Synthetic};
 use crate::forward::{self, ForwardInfo, OutFraming};
 use crate::pool::Checkout;
 use crate::server::Worker;
+use crate::slots::Slot;
 use crate::snapshot::{CompiledRoute, HashOn, NodeRt, Snapshot, UpstreamRt};
 
 mod mirror;
@@ -47,6 +48,10 @@ pub(crate) struct Conn<S> {
     shutdown: tokio::sync::watch::Receiver<bool>,
     /// TLS without the client certificate a `skip_mtls_uri_regex` site asks for: only the paths it lists.
     mtls_gate: Option<Arc<crate::tls_server::SkipMtls>>,
+    /// The accepted connection's eviction state (`None` for h2 streams bridged through a `Conn`).
+    slot: Option<Rc<Slot>>,
+    /// Where the first head's deadline counts from.
+    opened: tokio::time::Instant,
 }
 
 /// How far one attempt got before it failed: decides whether another node may be tried.
@@ -125,7 +130,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             w,
             shutdown,
             mtls_gate: None,
+            slot: None,
+            opened: tokio::time::Instant::now(),
         }
+    }
+
+    /// Ties the connection to its accept slot: evictable while it waits for a head, and the first head's deadline
+    /// counts from the accept.
+    pub(crate) fn with_slot(mut self, slot: Rc<Slot>) -> Self {
+        self.opened = slot.opened;
+        self.slot = Some(slot);
+        self
     }
 
     pub(crate) fn with_mtls_gate(mut self, gate: Option<Arc<crate::tls_server::SkipMtls>>) -> Self {
@@ -150,6 +165,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 }
             };
             first = false;
+            if let Some(s) = &self.slot {
+                s.set_busy();
+            }
             if self.scheme == "http"
                 && self.w.shared.cfg.enable_http2
                 && crate::h2::upgrade::wants_h2c(&head)
@@ -173,55 +191,41 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 Ok(true) if !*self.shutdown.borrow() => {}
                 _ => return,
             }
+            // Idle keep-alive from here: may give way to a new connection at the cap (a new connection's slot
+            // starts evictable).
+            if let Some(s) = &self.slot {
+                s.set_evictable(&self.w.slots);
+            }
         }
     }
 
+    fn parse_head(&mut self) -> Result<Option<RequestHead>, Error> {
+        parse_request(&mut self.rbuf, &self.w.shared.cfg.limits)
+            .map_err(|e| Error::downstream(Kind::BadRequest(e.status()), e.to_string()))
+    }
+
+    /// The next request head. Between requests the connection waits `keepalive_timeout` for a first byte; from
+    /// there (for the first request: from the accept) the whole head must arrive by one deadline,
+    /// `client_header_timeout`, however it is dribbled. At the deadline a started head gets 408 (HAProxy's answer;
+    /// nginx closes silently), a connection that sent nothing is closed silently. `Ok(None)`: close quietly.
     async fn read_head(&mut self, first: bool) -> Result<Option<RequestHead>, Error> {
+        if let Some(h) = self.parse_head()? {
+            return Ok(Some(h));
+        }
         let cfg = &self.w.shared.cfg;
-        loop {
-            match parse_request(&mut self.rbuf, &cfg.limits) {
-                Ok(Some(h)) => return Ok(Some(h)),
-                Ok(None) => {}
-                Err(e) => {
-                    return Err(Error::downstream(
-                        Kind::BadRequest(e.status()),
-                        e.to_string(),
-                    ))
-                }
+        if self.rbuf.is_empty() && !first {
+            if *self.shutdown.borrow() {
+                return Ok(None);
             }
-            let idle = self.rbuf.is_empty();
-            let t = if idle && !first {
-                cfg.keepalive_timeout
-            } else {
-                cfg.header_timeout
-            };
             self.rbuf.reserve(BUF_SIZE / 2);
-            let read = tokio::time::timeout(t, self.io.read_buf(&mut self.rbuf));
-            let r = if idle {
-                if *self.shutdown.borrow() {
-                    return Ok(None);
-                }
-                tokio::select! {
-                    r = read => r,
-                    _ = self.shutdown.changed() => return Ok(None),
-                }
-            } else {
-                read.await
+            let read =
+                tokio::time::timeout(cfg.keepalive_timeout, self.io.read_buf(&mut self.rbuf));
+            let r = tokio::select! {
+                r = read => r,
+                _ = self.shutdown.changed() => return Ok(None),
             };
             match r {
-                Ok(Ok(0)) | Err(_) if idle => return Ok(None),
-                Ok(Ok(0)) => {
-                    return Err(Error::downstream(
-                        Kind::ClientClosed,
-                        "client closed inside a request head",
-                    ))
-                }
-                Err(_) => {
-                    return Err(Error::downstream(
-                        Kind::ClientTimeout,
-                        "client header timeout",
-                    ))
-                }
+                Ok(Ok(0)) | Err(_) => return Ok(None),
                 Ok(Err(e)) => {
                     return Err(Error::downstream(
                         Kind::ClientClosed,
@@ -230,22 +234,93 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 }
                 Ok(Ok(_)) => {}
             }
+            // Almost always the whole head arrived in that one read: no deadline timer is armed.
+            if let Some(h) = self.parse_head()? {
+                return Ok(Some(h));
+            }
+        }
+        let cfg = &self.w.shared.cfg;
+        let from = if first {
+            self.opened
+        } else {
+            tokio::time::Instant::now()
+        };
+        let deadline = tokio::time::sleep_until(from + cfg.header_timeout);
+        tokio::pin!(deadline);
+        loop {
+            let nothing_yet = self.rbuf.is_empty();
+            self.rbuf.reserve(BUF_SIZE / 2);
+            let read = self.io.read_buf(&mut self.rbuf);
+            let r = if nothing_yet {
+                if *self.shutdown.borrow() {
+                    return Ok(None);
+                }
+                tokio::select! {
+                    r = read => Some(r),
+                    _ = &mut deadline => None,
+                    _ = self.shutdown.changed() => return Ok(None),
+                }
+            } else {
+                tokio::select! {
+                    r = read => Some(r),
+                    _ = &mut deadline => None,
+                }
+            };
+            match r {
+                None | Some(Ok(0)) if nothing_yet => return Ok(None),
+                None => {
+                    return Err(Error::downstream(
+                        Kind::BadRequest(408),
+                        "client header timeout",
+                    ))
+                }
+                Some(Ok(0)) => {
+                    return Err(Error::downstream(
+                        Kind::ClientClosed,
+                        "client closed inside a request head",
+                    ))
+                }
+                Some(Err(e)) => {
+                    return Err(Error::downstream(
+                        Kind::ClientClosed,
+                        format!("client read: {e}"),
+                    ))
+                }
+                Some(Ok(_)) => {}
+            }
+            if let Some(h) = self.parse_head()? {
+                return Ok(Some(h));
+            }
         }
     }
 
     /// Serves one request. `Ok(true)`: the connection may carry another.
     async fn handle(&mut self, snap: &Snapshot, head: RequestHead) -> Result<bool, Error> {
+        let client_ip = self.client_ip.clone();
+        // Routing, vars and plugins see nginx's `$uri`; a path that has none (bad escape, `..` above the root) is
+        // refused like nginx does, before anything else looks at it.
+        let view = match ReqView::new(&head, self.peer, self.local, self.scheme).and_then(|v| {
+            if self.w.shared.cfg.normalize_uri_like_servlet {
+                v.like_servlet()
+            } else {
+                Ok(v)
+            }
+        }) {
+            Ok(v) => v.with_peer_text(&client_ip),
+            Err(e) => {
+                let e = Error::downstream(Kind::BadRequest(400), e.to_string());
+                return self.refuse(&head, &e).await;
+            }
+        };
+        // On the normalised path too (APISIX matches `$uri`): `/public/../admin` is not a public path.
         if self
             .mtls_gate
             .as_ref()
-            .is_some_and(|g| !g.allows(head.slice(head.path)))
+            .is_some_and(|g| !g.allows(view.uri.as_bytes()))
         {
             let e = Error::downstream(Kind::BadRequest(400), "client certificate required");
             return self.refuse(&head, &e).await;
         }
-        let client_ip = self.client_ip.clone();
-        let view =
-            ReqView::new(&head, self.peer, self.local, self.scheme).with_peer_text(&client_ip);
         self.params.clear();
         let Some(&idx) = snap.router.find(&view, &mut self.params) else {
             return self
@@ -613,7 +688,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             let copied = Copy {
                 input: head.body,
                 chunked_out: head.body == BodyKind::Chunked,
-                read_timeout: self.w.shared.cfg.header_timeout,
+                read_timeout: self.w.shared.cfg.body_timeout,
                 write_timeout: t.send,
                 max_bytes: self.w.shared.cfg.max_body,
                 out: &mut self.out,

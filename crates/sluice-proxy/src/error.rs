@@ -86,7 +86,10 @@ pub(crate) struct Synthetic {
 /// APISIX answers proxy failures with nginx's error pages and a missing route with a JSON error.
 pub(crate) fn synthetic(err: &Error) -> Option<Synthetic> {
     let status = match err.kind {
-        Kind::ClientClosed | Kind::ClientTimeout => return None,
+        Kind::ClientClosed => return None,
+        // A request body stalled past `client_body_timeout` (callers that already sent part of a response close
+        // instead of asking for a page).
+        Kind::ClientTimeout => 408,
         Kind::BadRequest(s) => s,
         Kind::NoRoute => {
             return Some(Synthetic {

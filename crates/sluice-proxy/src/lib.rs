@@ -17,6 +17,7 @@ mod listen;
 mod mirror;
 mod pool;
 mod server;
+mod slots;
 mod snapshot;
 mod tls;
 mod tls_server;

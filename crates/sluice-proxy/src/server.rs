@@ -21,13 +21,20 @@ use tokio::net::TcpListener;
 
 use crate::accept::{self, ListenerKind};
 use crate::pool::Pool;
+use crate::slots::Slots;
 use crate::snapshot::Snapshot;
 
 /// Data-plane settings taken from the node configuration at start.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
     pub limits: Limits,
+    /// The whole request head must arrive within this, counted from its first byte (for a connection's first
+    /// request, from the accept, TLS handshake included): a deadline, not an idle timer, so a head dribbled a byte
+    /// at a time is cut at it. 408 when part of a head arrived, a silent close otherwise.
     pub header_timeout: Duration,
+    /// nginx `client_body_timeout` (APISIX `nginx_config.http.client_body_timeout`): the longest wait between two
+    /// successive reads of a request body; 408 when it fires before any response byte.
+    pub body_timeout: Duration,
     pub keepalive_timeout: Duration,
     pub graceful_timeout: Duration,
     /// 0 = unlimited.
@@ -37,6 +44,8 @@ pub struct ProxyConfig {
     pub enable_http2: bool,
     /// The SNI assumed for TLS clients that send none (APISIX `apisix.ssl.fallback_sni`).
     pub fallback_sni: Option<Box<str>>,
+    /// APISIX `apisix.normalize_uri_like_servlet`: route on the path with `;` parameters cut from every segment.
+    pub normalize_uri_like_servlet: bool,
 }
 
 impl Default for ProxyConfig {
@@ -52,6 +61,7 @@ impl ProxyConfig {
         ProxyConfig {
             limits: Limits::default(),
             header_timeout: secs(s.client_header_timeout),
+            body_timeout: secs(n.nginx_config.http.client_body_timeout.as_secs_f64()),
             keepalive_timeout: secs(s.keepalive_timeout),
             graceful_timeout: secs(s.graceful_shutdown_timeout),
             max_body: s.client_max_body_size,
@@ -65,6 +75,7 @@ impl ProxyConfig {
                 .and_then(|v| v.as_str())
                 .filter(|v| !v.is_empty())
                 .map(|v| v.to_ascii_lowercase().into()),
+            normalize_uri_like_servlet: n.apisix.normalize_uri_like_servlet,
         }
     }
 }
@@ -92,6 +103,7 @@ pub(crate) struct Worker {
     pub shared: Arc<Shared>,
     pub pool: Pool,
     active: Cell<usize>,
+    pub slots: Slots,
 }
 
 /// The data plane: publish snapshots into it, start it on bound listeners, shut it down gracefully.
@@ -310,6 +322,7 @@ fn worker_main(shared: Arc<Shared>, listeners: Vec<(std::net::TcpListener, Liste
             shared: shared.clone(),
             pool: Pool::default(),
             active: Cell::new(0),
+            slots: Slots::default(),
         });
         let mut accept_tasks = Vec::new();
         for (l, kind) in listeners {
@@ -359,7 +372,11 @@ async fn accept_loop(l: TcpListener, kind: ListenerKind, w: Rc<Worker>) {
         };
         let shared = &w.shared;
         shared.accepted.fetch_add(1, Ordering::Relaxed);
-        if shared.connections.fetch_add(1, Ordering::Relaxed) >= shared.cfg.max_connections {
+        // At the cap, an idle or head-reading connection of this worker makes room (see `slots`); only when all
+        // are busy is the newcomer closed unanswered. Until the victim's task drops, the count is one over.
+        if shared.connections.fetch_add(1, Ordering::Relaxed) >= shared.cfg.max_connections
+            && !w.slots.evict_oldest()
+        {
             shared.connections.fetch_sub(1, Ordering::Relaxed);
             drop(stream);
             continue;
@@ -367,11 +384,27 @@ async fn accept_loop(l: TcpListener, kind: ListenerKind, w: Rc<Worker>) {
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().ok().or(local_addr).unwrap_or(peer);
         w.active.set(w.active.get() + 1);
-        let w2 = w.clone();
-        tokio::task::spawn_local(async move {
-            accept::serve(stream, peer, local, kind, w2.clone()).await;
-            w2.active.set(w2.active.get() - 1);
-            w2.shared.connections.fetch_sub(1, Ordering::Relaxed);
+        let slot = w.slots.register();
+        let guard = ConnGuard(w.clone());
+        let task = tokio::task::spawn_local({
+            let slot = slot.clone();
+            async move {
+                let _guard = guard;
+                accept::serve(stream, peer, local, kind, slot, _guard.0.clone()).await;
+            }
         });
+        slot.set_abort(task.abort_handle());
+    }
+}
+
+/// Releases a connection's counts however its task ends: finished, or aborted to make room.
+struct ConnGuard(Rc<Worker>);
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        let w = &self.0;
+        w.active.set(w.active.get() - 1);
+        w.slots.unregister();
+        w.shared.connections.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -28,6 +28,7 @@ use tokio_rustls::LazyConfigAcceptor;
 
 use crate::conn::Conn;
 use crate::server::Worker;
+use crate::slots::Slot;
 use crate::tls::{certified_key, provider};
 
 /// ALPN protocols offered on TLS listeners, preferred first (a client that offers none gets HTTP/1.1).
@@ -122,10 +123,16 @@ impl SniTable {
 }
 
 /// Terminates TLS on an accepted connection and serves HTTP/1.1 over it. The handshake (ClientHello included) must
-/// finish within the header timeout. A client that sends no SNI is served as if it had sent
+/// finish within the header timeout from the accept, which is also the first request head's deadline. A client that sends no SNI is served as if it had sent
 /// `apisix.ssl.fallback_sni` (when set); an unknown or missing name ends the connection with an alert, as APISIX does.
-pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, local: SocketAddr, w: Rc<Worker>) {
-    let limit = w.shared.cfg.header_timeout;
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    slot: Rc<Slot>,
+    w: Rc<Worker>,
+) {
+    let deadline = slot.opened + w.shared.cfg.header_timeout;
     let handshake = async {
         let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream).await?;
         let snap = w.shared.snapshot.load();
@@ -146,12 +153,14 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, local: SocketAddr
         };
         Ok((tls, gate))
     };
-    match tokio::time::timeout(limit, handshake).await {
+    match tokio::time::timeout_at(deadline, handshake).await {
         Ok(Ok((tls, gate))) => {
             if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                slot.set_busy();
                 crate::h2::serve_gated(tls, peer, local, "https", w, gate).await
             } else {
                 Conn::new(tls, peer, local, "https", w)
+                    .with_slot(slot)
                     .with_mtls_gate(gate)
                     .run()
                     .await

@@ -133,7 +133,8 @@ mod tests {
             .data_encryption;
         assert_eq!(d.keyring, ["abcdefghijklmnop"]);
         assert!(d.enable_encrypt_fields);
-        let off = "apisix:\n  data_encryption:\n    enable_encrypt_fields: false\n    keyring: ~\n";
+        let off =
+            "apisix:\n  data_encryption:\n    enable_encrypt_fields: false\n    keyring: []\n";
         let cfg = super::parse_node_config(off).unwrap();
         assert!(!cfg.apisix.data_encryption.enable_encrypt_fields);
         assert!(cfg.apisix.data_encryption.keyring.is_empty());

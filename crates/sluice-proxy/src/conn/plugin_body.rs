@@ -18,7 +18,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         &mut self,
         head: &RequestHead,
     ) -> Result<Bytes, Error> {
-        let t = self.w.shared.cfg.header_timeout;
+        let t = self.w.shared.cfg.body_timeout;
         if head.expect_continue && head.body != BodyKind::Empty {
             // The client waits for this before sending; the forward's own 100 later is a harmless repeat.
             self.io

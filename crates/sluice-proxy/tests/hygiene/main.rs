@@ -9,6 +9,7 @@ mod early;
 mod health;
 mod limits;
 mod malformed;
+mod paths;
 mod retries;
 mod smuggling;
 mod upstream;
