@@ -65,7 +65,14 @@ pub fn run(
         let addrs = sluice_proxy::listen_addrs(&node)?;
         let listeners = Listeners::bind_kinds(&addrs, workers)
             .map_err(|e| format!("binding {addrs:?}: {e}"))?;
-        let gateway = Gateway::new(ProxyConfig::from_node(&node), snapshot);
+        // The access log's writer thread; workers hand it batches (nginx_config.http.access_log).
+        let access_log = sluice_proxy::AccessLogConfig::from_node(&node, &crate::logging::prefix(config))?
+            .map(sluice_proxy::AccessLog::open)
+            .transpose()?;
+        let mut proxy_cfg = ProxyConfig::from_node(&node);
+        proxy_cfg.access_log = access_log.as_ref().map(|l| l.handle());
+        tokio::spawn(crate::logging::reopen_on_usr1(proxy_cfg.access_log.clone()));
+        let gateway = Gateway::new(proxy_cfg, snapshot);
         let running = gateway
             .start(listeners)
             .map_err(|e| format!("starting workers: {e}"))?;
@@ -128,6 +135,10 @@ pub fn run(
         tokio::task::spawn_blocking(move || running.join())
             .await
             .map_err(|e| format!("joining workers: {e}"))?;
+        if let Some(l) = access_log {
+            // The workers handed their last lines over as they exited: write them.
+            let _ = tokio::task::spawn_blocking(move || l.close()).await;
+        }
         tracing::info!("stopped");
         Ok(())
     })

@@ -9,6 +9,7 @@ mod bodies;
 mod connection;
 mod control;
 mod etcd_outage;
+mod logs;
 mod proxy;
 mod reload;
 mod routing;
