@@ -32,11 +32,26 @@ fn workers_value(w: Workers) -> &'static str {
     }
 }
 
+/// The access log setting: off (like the peers' `access_log off`), or on in `dir/access.log`.
+fn access_log_value(dir: &Path, on: bool) -> String {
+    if on {
+        format!("    access_log: {}\n", dir.join("access.log").display())
+    } else {
+        "    enable_access_log: false\n".into()
+    }
+}
+
 /// Writes `config.yaml` for a gateway listening on `port`.
-pub fn write_node_config(dir: &Path, port: u16, workers: Workers) -> Result<(), String> {
+pub fn write_node_config(
+    dir: &Path,
+    port: u16,
+    workers: Workers,
+    access_log: bool,
+) -> Result<(), String> {
     let text = format!(
-        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  ssl:\n    enable: false\nnginx_config:\n  worker_processes: {}\ndeployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n",
-        workers_value(workers)
+        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  ssl:\n    enable: false\nnginx_config:\n  worker_processes: {}\n  http:\n{}deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n",
+        workers_value(workers),
+        access_log_value(dir, access_log)
     );
     write(dir, "config.yaml", &text)
 }
@@ -53,7 +68,7 @@ pub fn write_traditional_config(
     workers: Workers,
 ) -> Result<(), String> {
     let text = format!(
-        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: true\n  enable_control: false\nnginx_config:\n  worker_processes: {}\ndeployment:\n  role: traditional\n  role_traditional:\n    config_provider: embedded\n  admin:\n    admin_listen:\n      ip: 127.0.0.1\n      port: {admin_port}\n    admin_key:\n      - name: admin\n        key: {ADMIN_KEY}\n        role: admin\nsluice:\n  data_dir: data\n",
+        "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: true\n  enable_control: false\nnginx_config:\n  worker_processes: {}\n  http:\n    enable_access_log: false\ndeployment:\n  role: traditional\n  role_traditional:\n    config_provider: embedded\n  admin:\n    admin_listen:\n      ip: 127.0.0.1\n      port: {admin_port}\n    admin_key:\n      - name: admin\n        key: {ADMIN_KEY}\n        role: admin\nsluice:\n  data_dir: data\n",
         workers_value(workers)
     );
     write(dir, "config.yaml", &text)

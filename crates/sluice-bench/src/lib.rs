@@ -61,6 +61,10 @@ pub struct BenchArgs {
     /// Mock upstream threads.
     #[arg(long, default_value_t = 1)]
     pub mock_threads: usize,
+    /// Run Sluice with its access log on (default format, to `access.log` in the run's directory). Off by
+    /// default, like the nginx it is compared with (`access_log off`).
+    #[arg(long)]
+    pub sluice_access_log: bool,
     /// Mock response body size in bytes.
     #[arg(long, default_value_t = 1024)]
     pub body_size: usize,
@@ -171,6 +175,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         peers: !args.no_peers,
         ready_timeout: args.ready_timeout,
         h2c: args.h2c,
+        access_log: args.sluice_access_log,
         cores: n,
     };
     let mut progress =

@@ -38,6 +38,8 @@ pub struct Ctx {
     pub peers: bool,
     pub ready_timeout: Duration,
     pub h2c: bool,
+    /// Sluice's access log on (`--sluice-access-log`).
+    pub access_log: bool,
     /// CPUs of the machine, counted before the generator pinned itself.
     pub cores: usize,
 }
@@ -188,7 +190,7 @@ pub fn start_target(
             }
             let port = free_port()?;
             let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-            gateway::write_node_config(&dir, port, s.workers)?;
+            gateway::write_node_config(&dir, port, s.workers, ctx.access_log)?;
             gateway::configure(&dir, s, upstream, keepalive)?;
             let argv = wrap(vec![
                 ctx.sluice_bin.display().to_string(),

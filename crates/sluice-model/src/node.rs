@@ -182,26 +182,62 @@ fn listen_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ListenAddr>, D::Er
     })
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct NginxConfigSection {
     /// `auto` (one per core) or a number; Sluice runs this many worker threads.
     pub worker_processes: WorkerCount,
+    /// Where the error log goes. APISIX writes `logs/error.log`; Sluice keeps stderr unless this is set
+    /// (a foreground process's log belongs to its terminal or supervisor). Relative paths are taken from the
+    /// prefix (the config file's directory's parent, as APISIX's `conf/` sits in its prefix).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_log: Option<String>,
+    /// nginx's levels: debug, info, notice, warn, error, crit, alert, emerg (APISIX default warn).
+    pub error_log_level: String,
     pub http: NginxHttpSection,
 }
 
-/// `nginx_config.http`: the settings Sluice honours.
+impl Default for NginxConfigSection {
+    fn default() -> Self {
+        NginxConfigSection {
+            worker_processes: WorkerCount::default(),
+            error_log: None,
+            error_log_level: "warn".into(),
+            http: NginxHttpSection::default(),
+        }
+    }
+}
+
+/// APISIX's default `nginx_config.http.access_log_format` (conf/config.yaml.example).
+pub const DEFAULT_ACCESS_LOG_FORMAT: &str = "$remote_addr - $remote_user [$time_local] $http_host \"$request\" $status $body_bytes_sent $request_time \"$http_referer\" \"$http_user_agent\" $upstream_addr $upstream_status $upstream_response_time \"$upstream_scheme://$upstream_host$upstream_uri\"";
+
+/// `nginx_config.http`: the access log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct NginxHttpSection {
     /// Longest wait between two reads of a request body (nginx `client_body_timeout`, APISIX default 60s).
     pub client_body_timeout: NginxTime,
+    pub enable_access_log: bool,
+    /// A path, `/dev/stdout`, or (Sluice) a list of them; relative paths are taken from the prefix.
+    #[serde(deserialize_with = "one_or_many")]
+    pub access_log: Vec<String>,
+    /// Bytes each worker gathers before handing them to the writer (nginx `buffer=`).
+    pub access_log_buffer: usize,
+    /// nginx `log_format` with `$variables`.
+    pub access_log_format: String,
+    /// `default` (nginx's `\xHH` for `"`, `\\` and control bytes), `json` or `none`.
+    pub access_log_format_escape: String,
 }
 
 impl Default for NginxHttpSection {
     fn default() -> Self {
         NginxHttpSection {
             client_body_timeout: NginxTime(std::time::Duration::from_secs(60)),
+            enable_access_log: true,
+            access_log: vec!["logs/access.log".into()],
+            access_log_buffer: 16384,
+            access_log_format: DEFAULT_ACCESS_LOG_FORMAT.into(),
+            access_log_format_escape: "default".into(),
         }
     }
 }
@@ -269,6 +305,19 @@ impl<'de> Deserialize<'de> for NginxTime {
             ))),
         }
     }
+}
+
+fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Many {
+        One(String),
+        List(Vec<String>),
+    }
+    Ok(match Many::deserialize(d)? {
+        Many::One(s) => vec![s],
+        Many::List(l) => l,
+    })
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

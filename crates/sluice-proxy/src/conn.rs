@@ -18,6 +18,7 @@ use sluice_router::{MatchRequest, Params};
 use sluice_upstream::{FailureKind, Tried};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::access_log::{Line, Try};
 use crate::body::{flush, BodyError, Copy, EarlyWatch, Watched, WatchedSink};
 use crate::error::{html_page, synthetic, Error, Kind, Side, Synthetic};
 use crate::forward::{self, ForwardInfo, OutFraming};
@@ -52,6 +53,30 @@ pub(crate) struct Conn<S> {
     slot: Option<Rc<Slot>>,
     /// Where the first head's deadline counts from.
     opened: tokio::time::Instant,
+    /// An h2 stream carried over the in-memory bridge (the access log says HTTP/2.0).
+    h2: bool,
+    /// What the client got for the current request, for the access log.
+    sent: Sent,
+    /// The current request's upstream attempts, for the access log (reused across requests).
+    tries: Vec<Try>,
+}
+
+/// The response the client got: status, bytes on the wire, bytes of body.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sent {
+    status: u16,
+    bytes: u64,
+    body: u64,
+}
+
+/// What the access log needs of a proxied request beyond the head: the route and node it went to, and the
+/// plugins' rewrites of Host and target.
+#[derive(Default)]
+struct UpRec<'s> {
+    route: Option<&'s CompiledRoute>,
+    node: usize,
+    host: Option<bytes::Bytes>,
+    uri: Option<bytes::Bytes>,
 }
 
 /// How far one attempt got before it failed: decides whether another node may be tried.
@@ -71,6 +96,8 @@ struct Done {
     status: u16,
     request_body: u64,
     response_bytes: u64,
+    /// Of `response_bytes`, the body (the access log's `$body_bytes_sent`).
+    body_bytes: u64,
     upstream_latency: std::time::Duration,
 }
 
@@ -132,6 +159,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             mtls_gate: None,
             slot: None,
             opened: tokio::time::Instant::now(),
+            h2: false,
+            sent: Sent::default(),
+            tries: Vec::new(),
         }
     }
 
@@ -140,6 +170,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     pub(crate) fn with_slot(mut self, slot: Rc<Slot>) -> Self {
         self.opened = slot.opened;
         self.slot = Some(slot);
+        self
+    }
+
+    /// Marks this connection as one h2 stream behind the bridge.
+    pub(crate) fn for_h2_stream(mut self) -> Self {
+        self.h2 = true;
         self
     }
 
@@ -158,9 +194,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 Ok(None) => return,
                 Err(e) => {
                     tracing::debug!(peer = %self.peer, error = %e, "bad request");
+                    self.sent = Sent::default();
                     if let Some(s) = synthetic(&e) {
                         let _ = self.write_synthetic(&s, false, false).await;
                     }
+                    self.log_unread(&e);
                     return;
                 }
             };
@@ -294,12 +332,105 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
     }
 
-    /// Serves one request. `Ok(true)`: the connection may carry another.
+    /// Serves one request and logs it. `Ok(true)`: the connection may carry another.
     async fn handle(&mut self, snap: &Snapshot, head: RequestHead) -> Result<bool, Error> {
+        if self.w.log.is_none() {
+            return self.serve(snap, &head, &mut UpRec::default()).await;
+        }
+        let start = Instant::now();
+        self.sent = Sent::default();
+        self.tries.clear();
+        let mut up = UpRec::default();
+        let r = self.serve(snap, &head, &mut up).await;
+        self.log(&head, &up, &r, start);
+        r
+    }
+
+    /// The access log line of a request that was read whole (whatever became of it).
+    fn log(&self, head: &RequestHead, up: &UpRec<'_>, r: &Result<bool, Error>, start: Instant) {
+        let Some(log) = &self.w.log else { return };
+        let mut status = self.sent.status;
+        if status == 0 {
+            // Nothing was answered: nginx logs 499 for a client that went away, 408 for one that stalled.
+            status = match r {
+                Err(e) if e.kind == Kind::ClientTimeout => 408,
+                Err(e) if e.side == Side::Downstream => 499,
+                _ => 502,
+            };
+        }
+        let upstream = up.route.map(|route| {
+            let u = &route.upstream;
+            let node = &u.nodes[up.node.min(u.nodes.len().saturating_sub(1))];
+            let client_host = head.header("host").filter(|h| !h.is_empty());
+            let host: &[u8] = match (&up.host, &u.pass_host) {
+                (Some(h), _) => h,
+                (None, crate::snapshot::PassHost::Pass) => client_host.unwrap_or(&node.host_header),
+                (None, crate::snapshot::PassHost::Node) => &node.host_header,
+                (None, crate::snapshot::PassHost::Rewrite(h)) => h,
+            };
+            crate::access_log::Upstream {
+                scheme: match (u.h2, u.tls.is_some()) {
+                    (true, true) => "grpcs",
+                    (true, false) => "grpc",
+                    (false, true) => "https",
+                    (false, false) => "http",
+                },
+                host,
+                uri: up.uri.as_ref(),
+            }
+        });
+        log.log(&Line {
+            peer: self.peer,
+            client_ip: &self.client_ip,
+            local: self.local,
+            scheme: self.scheme,
+            h2: self.h2,
+            head: Some(head),
+            status,
+            bytes_sent: self.sent.bytes,
+            body_bytes_sent: self.sent.body,
+            request_length: head.buf.len() as u64,
+            request_time: start.elapsed(),
+            tries: &self.tries,
+            upstream,
+        });
+    }
+
+    /// The access log line of a request whose head could not be read (nginx logs these too: 400, 408, 414, 431).
+    fn log_unread(&self, e: &Error) {
+        let Some(log) = &self.w.log else { return };
+        let status = match (self.sent.status, e.kind) {
+            (0, Kind::ClientTimeout) => 408,
+            (0, _) => 400,
+            (s, _) => s,
+        };
+        log.log(&Line {
+            peer: self.peer,
+            client_ip: &self.client_ip,
+            local: self.local,
+            scheme: self.scheme,
+            h2: self.h2,
+            head: None,
+            status,
+            bytes_sent: self.sent.bytes,
+            body_bytes_sent: self.sent.body,
+            request_length: self.rbuf.len() as u64,
+            request_time: std::time::Duration::ZERO,
+            tries: &[],
+            upstream: None,
+        });
+    }
+
+    async fn serve<'s>(
+        &mut self,
+        snap: &'s Snapshot,
+        head: &RequestHead,
+        rec: &mut UpRec<'s>,
+    ) -> Result<bool, Error> {
         let client_ip = self.client_ip.clone();
         // Routing, vars and plugins see nginx's `$uri`; a path that has none (bad escape, `..` above the root) is
         // refused like nginx does, before anything else looks at it.
-        let view = match ReqView::new(&head, self.peer, self.local, self.scheme).and_then(|v| {
+        let view = match ReqView::new(head, self.peer, self.local, self.scheme).and_then(|v| {
             if self.w.shared.cfg.normalize_uri_like_servlet {
                 v.like_servlet()
             } else {
@@ -309,7 +440,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             Ok(v) => v.with_peer_text(&client_ip),
             Err(e) => {
                 let e = Error::downstream(Kind::BadRequest(400), e.to_string());
-                return self.refuse(&head, &e).await;
+                return self.refuse(head, &e).await;
             }
         };
         // On the normalised path too (APISIX matches `$uri`): `/public/../admin` is not a public path.
@@ -319,12 +450,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             .is_some_and(|g| !g.allows(view.uri.as_bytes()))
         {
             let e = Error::downstream(Kind::BadRequest(400), "client certificate required");
-            return self.refuse(&head, &e).await;
+            return self.refuse(head, &e).await;
         }
         self.params.clear();
         let Some(&idx) = snap.router.find(&view, &mut self.params) else {
+            if let Some(global) = snap.global.as_deref() {
+                return self.unmatched(head, &view, global).await;
+            }
             return self
-                .refuse(&head, &Error::downstream(Kind::NoRoute, "no route"))
+                .refuse(head, &Error::downstream(Kind::NoRoute, "no route"))
                 .await;
         };
         let route = &snap.routes[idx as usize];
@@ -333,7 +467,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             if max_body != 0 && n > max_body {
                 return self
                     .refuse(
-                        &head,
+                        head,
                         &Error::downstream(Kind::BadRequest(413), "body too large"),
                     )
                     .await;
@@ -343,9 +477,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         // A plugin that inspects the body (request-validation body_schema) gets it read whole first; it stays in
         // `rbuf` for the forward. Only chains that ask pay this.
         let req_body = if chains.iter().flatten().any(|c| c.needs_body()) {
-            match self.read_body_for_plugins(&head).await {
+            match self.read_body_for_plugins(head).await {
                 Ok(b) => Some(b),
-                Err(e) => return self.refuse(&head, &e).await,
+                Err(e) => return self.refuse(head, &e).await,
             }
         } else {
             None
@@ -382,7 +516,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 }
             }
             if let Some(r) = answer {
-                return self.respond_plugin(&head, r, ctx, &chains, req_start).await;
+                return self.respond_plugin(head, r, ctx, &chains, req_start).await;
             }
         }
         // Plugin decisions on the way upstream (one branch on the no-plugin path): a copy for a mirror
@@ -391,7 +525,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             None => route,
             Some(ctx) => {
                 if let Some(m) = ctx.take_mirror() {
-                    self.mirror(m, &head).await;
+                    self.mirror(m, head).await;
                 }
                 ctx.picked_upstream()
                     .and_then(|i| snap.splits.get(idx, i))
@@ -399,6 +533,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             }
         };
         let up: &UpstreamRt = &route.upstream;
+        let logging = self.w.log.is_some();
+        if logging {
+            rec.route = Some(route);
+            if let Some(ctx) = pctx.as_ref() {
+                rec.host = ctx.edits.host.clone();
+                rec.uri = ctx.edits.uri.clone();
+            }
+        }
         let consumer = pctx.as_ref().and_then(|c| c.consumer.clone());
         let hash_key = hash_key(up, &view, consumer.as_deref().map(|c| c.username.as_str()));
         let host = view.host.as_deref();
@@ -414,7 +556,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             let Some(node_idx) = up.balancer.pick(hash_key.as_deref(), &tried) else {
                 return self
                     .refuse(
-                        &head,
+                        head,
                         &Error::upstream(Kind::NoUpstreamNode, "no healthy node"),
                     )
                     .await;
@@ -424,7 +566,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             let t0 = Instant::now();
             let res = self
                 .attempt(
-                    &head,
+                    head,
                     host,
                     route,
                     node_idx,
@@ -433,10 +575,31 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     &chains,
                 )
                 .await;
-            up.balancer
-                .on_request_end(node_idx, t0.elapsed(), res.is_ok());
+            let spent = t0.elapsed();
+            up.balancer.on_request_end(node_idx, spent, res.is_ok());
+            if logging {
+                rec.node = node_idx;
+                let status = match &res {
+                    Ok(d) => pctx
+                        .as_ref()
+                        .and_then(|c| c.upstream_head())
+                        .map_or(d.status, |h| h.status),
+                    Err(f) if f.err.is_timeout() => 504,
+                    Err(_) => 502,
+                };
+                self.tries.push(Try {
+                    addr: up.nodes[node_idx].addr,
+                    status,
+                    time: spent,
+                });
+            }
             let f = match res {
                 Ok(done) => {
+                    self.sent = Sent {
+                        status: done.status,
+                        bytes: done.response_bytes,
+                        body: done.body_bytes,
+                    };
                     if let Some(ctx) = pctx.as_ref() {
                         let info = LogInfo {
                             status: done.status,
@@ -477,7 +640,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                         tried = Tried::new();
                         true
                     }
-                    Stage::Sent { .. } => idempotent(&head) && (tried.len() as u32) <= retries,
+                    Stage::Sent { .. } => idempotent(head) && (tried.len() as u32) <= retries,
                     Stage::Responding => false,
                 };
             if retry {
@@ -543,10 +706,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         } else {
             &b"\r\nConnection: close\r\n\r\n"[..]
         });
-        if head.method_str() != "HEAD" {
+        let body = if head.method_str() != "HEAD" {
             self.out.put_slice(&r.body);
-        }
+            r.body.len() as u64
+        } else {
+            0
+        };
         let sent = self.out.len() as u64;
+        self.sent = Sent {
+            status: r.status,
+            bytes: sent,
+            body,
+        };
         let w = self.io.write_all(&self.out).await;
         self.out.clear();
         w.map_err(|e| Error::downstream(Kind::ClientClosed, e.to_string()))?;
@@ -563,6 +734,46 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             chain.log(ctx, &info);
         }
         Ok(keep)
+    }
+
+    /// A request no route matches, with global rules configured: as APISIX's `http_access_phase`, the global
+    /// rules' rewrite and access phases run (one may answer, e.g. an auth plugin's 401), otherwise the answer is
+    /// the 404; header_filter and log see it, so prometheus counts it with an empty route label.
+    async fn unmatched(
+        &mut self,
+        head: &RequestHead,
+        view: &ReqView<'_>,
+        global: &Chain,
+    ) -> Result<bool, Error> {
+        let started = Instant::now();
+        let chains = [Some(global), None];
+        let mut ctx = Ctx::new(view, "");
+        let answer = loop {
+            let flow = global.run_request(&mut ctx);
+            let delay = ctx.take_delay();
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            match flow {
+                Flow::Respond(r) => break Some(r),
+                Flow::Continue if ctx.paused() => {}
+                Flow::Continue => break None,
+            }
+        };
+        let r = answer.unwrap_or_else(|| {
+            let nf = synthetic(&Error::downstream(Kind::NoRoute, "no route"));
+            let (status, body) = nf.map_or((404, Default::default()), |s| (s.status, s.body));
+            Response {
+                status,
+                headers: vec![(
+                    bytes::Bytes::from_static(b"Content-Type"),
+                    bytes::Bytes::from_static(b"application/json"),
+                )],
+                body: bytes::Bytes::from(body.into_owned()),
+            }
+        });
+        self.respond_plugin(head, r, &mut ctx, &chains, started)
+            .await
     }
 
     /// Answers without contacting an upstream. An unread request body means the connection must close.
@@ -863,6 +1074,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 request_body
             },
             response_bytes: head_len + response_body,
+            body_bytes: response_body,
             upstream_latency,
         })
     }
@@ -942,6 +1154,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         if !head_only {
             self.out.put_slice(&s.body);
         }
+        self.sent = Sent {
+            status: s.status,
+            bytes: self.out.len() as u64,
+            body: if head_only { 0 } else { s.body.len() as u64 },
+        };
         let r = self.io.write_all(&self.out).await;
         self.out.clear();
         r

@@ -7,6 +7,7 @@
 //! docs/architecture.md draws the whole picture.
 
 mod accept;
+mod access_log;
 mod body;
 mod conn;
 mod error;
@@ -24,6 +25,7 @@ mod tls_server;
 mod ws;
 
 pub use accept::ListenerKind;
+pub use access_log::{AccessLog, AccessLogConfig, AccessLogHandle, Escape, Format, Target};
 pub use error::{Error, Side};
 pub use listen::{listen_addrs, DEFAULT_TLS_PORT};
 pub use server::{Gateway, Listeners, NodeHealth, ProxyConfig, Running, UpstreamHealth};

@@ -46,6 +46,8 @@ pub struct ProxyConfig {
     pub fallback_sni: Option<Box<str>>,
     /// APISIX `apisix.normalize_uri_like_servlet`: route on the path with `;` parameters cut from every segment.
     pub normalize_uri_like_servlet: bool,
+    /// Where workers send access log lines (`None`: no access log). The binary opens it ([`crate::AccessLog`]).
+    pub access_log: Option<crate::AccessLogHandle>,
 }
 
 impl Default for ProxyConfig {
@@ -76,6 +78,7 @@ impl ProxyConfig {
                 .filter(|v| !v.is_empty())
                 .map(|v| v.to_ascii_lowercase().into()),
             normalize_uri_like_servlet: n.apisix.normalize_uri_like_servlet,
+            access_log: None,
         }
     }
 }
@@ -104,6 +107,8 @@ pub(crate) struct Worker {
     pub pool: Pool,
     active: Cell<usize>,
     pub slots: Slots,
+    /// This worker's access log buffer.
+    pub log: Option<crate::access_log::Local>,
 }
 
 /// The data plane: publish snapshots into it, start it on bound listeners, shut it down gracefully.
@@ -323,7 +328,25 @@ fn worker_main(shared: Arc<Shared>, listeners: Vec<(std::net::TcpListener, Liste
             pool: Pool::default(),
             active: Cell::new(0),
             slots: Slots::default(),
+            log: shared
+                .cfg
+                .access_log
+                .as_ref()
+                .map(crate::access_log::Local::new),
         });
+        if worker.log.is_some() {
+            let w = worker.clone();
+            // Lines of a quiet worker still reach the file within a second. The task ends with the runtime.
+            tokio::task::spawn_local(async move {
+                let mut tick = tokio::time::interval(crate::access_log::FLUSH_EVERY);
+                loop {
+                    tick.tick().await;
+                    if let Some(l) = &w.log {
+                        l.tick();
+                    }
+                }
+            });
+        }
         let mut accept_tasks = Vec::new();
         for (l, kind) in listeners {
             let l = match TcpListener::from_std(l) {
@@ -346,6 +369,9 @@ fn worker_main(shared: Arc<Shared>, listeners: Vec<(std::net::TcpListener, Liste
         let deadline = tokio::time::Instant::now() + shared.cfg.graceful_timeout;
         while worker.active.get() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if let Some(l) = &worker.log {
+            l.finish();
         }
     });
 }

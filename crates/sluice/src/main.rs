@@ -7,6 +7,7 @@ mod catalog;
 mod control;
 mod import;
 mod instance;
+mod logging;
 mod start;
 mod test_config;
 
@@ -122,7 +123,10 @@ fn main() -> ExitCode {
             apisix_yaml,
             workers,
         } => {
-            init_logging();
+            if let Err(e) = init_logging(&config) {
+                eprintln!("sluice: {e}");
+                return ExitCode::FAILURE;
+            }
             match start::run(&config, apisix_yaml, workers) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -173,11 +177,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+/// The error log: level and destination from config.yaml (`SLUICE_LOG`/`RUST_LOG` override the level); see
+/// `logging.rs`.
+fn init_logging(config: &std::path::Path) -> Result<(), String> {
+    logging::init(config)
 }

@@ -103,7 +103,15 @@ pub fn run(
         // node_listen (cleartext) and apisix.ssl.listen (TLS, 9443 unless disabled).
         let listeners = Listeners::bind_kinds(&addrs, workers)
             .map_err(|e| format!("binding {addrs:?}: {e}"))?;
-        let gateway = Gateway::new(ProxyConfig::from_node(&node), snapshot);
+        // The access log's writer thread; workers hand it batches (nginx_config.http.access_log).
+        let access_log =
+            sluice_proxy::AccessLogConfig::from_node(&node, &crate::logging::prefix(&config))?
+                .map(sluice_proxy::AccessLog::open)
+                .transpose()?;
+        let mut proxy_cfg = ProxyConfig::from_node(&node);
+        proxy_cfg.access_log = access_log.as_ref().map(|l| l.handle());
+        tokio::spawn(crate::logging::reopen_on_usr1(proxy_cfg.access_log.clone()));
+        let gateway = Gateway::new(proxy_cfg, snapshot);
         let running = gateway
             .start(listeners)
             .map_err(|e| format!("starting workers: {e}"))?;
@@ -165,6 +173,11 @@ pub fn run(
                 tracing::info!("{sig}: fast shutdown, open connections are closed");
                 gateway.shutdown();
             }
+        }
+        if let Some(l) = access_log {
+            // Graceful: the workers handed their last lines over as they exited. Fast: what they had handed over
+            // (lines still in a worker's buffer, at most FLUSH_EVERY's worth, are lost, as the requests are).
+            let _ = tokio::task::spawn_blocking(move || l.close()).await;
         }
         Ok::<Stop, String>(stop)
     });

@@ -78,6 +78,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     status: x.sent_status,
                     request_body: x.request_body,
                     response_bytes: x.response_bytes,
+                    // The h2 exchange counts head and body together.
+                    body_bytes: x.response_bytes,
                     upstream_latency: t0.elapsed(),
                 })
             }
@@ -148,6 +150,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             status: 101,
             request_body: carried.up,
             response_bytes: head_len + carried.down,
+            body_bytes: carried.down,
             upstream_latency,
         })
     }

@@ -41,6 +41,7 @@ pub(super) async fn stream(
     let (ours, theirs) = tokio::io::duplex(BRIDGE_BUF);
     tokio::task::spawn_local(
         Conn::new(theirs, peer, local, scheme, w.clone())
+            .for_h2_stream()
             .with_mtls_gate(gate)
             .run(),
     );

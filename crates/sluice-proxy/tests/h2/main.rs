@@ -431,3 +431,48 @@ fn h2c_disabled_answers_the_preface_as_http1() {
     // The preface read as HTTP/1.1 is version "HTTP/2.0": refused as an unsupported version, never as h2.
     assert!(out.starts_with("HTTP/1.1 505"), "{out}");
 }
+
+/// Each h2 stream is one access log line, with HTTP/2.0 as its protocol (the bridge's HTTP/1.1 never shows).
+#[test]
+fn h2_streams_are_access_logged() {
+    let o = Origin::start();
+    let dir = std::env::temp_dir().join(format!("sluice-h2-alog-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("access.log");
+    let node: sluice_model::NodeConfig = serde_json::from_value(json!({"nginx_config": {"http": {
+        "access_log": path.to_str().unwrap(),
+        "access_log_format": "$server_protocol \"$request\" $status $upstream_status"
+    }}}))
+    .unwrap();
+    let cfg = sluice_proxy::AccessLogConfig::from_node(&node, &dir)
+        .unwrap()
+        .unwrap();
+    let log = sluice_proxy::AccessLog::open(cfg).unwrap();
+    let gw = Gw::start(
+        json!({"routes": [{"id": "r1", "uri": "/only", "upstream": {"type": "roundrobin", "nodes": {o.addr.to_string(): 1}}}]}),
+        ProxyConfig {
+            access_log: Some(log.handle()),
+            ..ProxyConfig::default()
+        },
+    );
+    let addr = gw.addr;
+    rt().block_on(async move {
+        let mut c = connect(addr).await;
+        assert_eq!(send(&mut c, get("http://t/only"), &[]).await.0, 200);
+        assert_eq!(send(&mut c, get("http://t/nope"), &[]).await.0, 404);
+    });
+    // Bounded wait: workers hand a partly filled buffer over once a second.
+    let end = std::time::Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let t = std::fs::read_to_string(&path).unwrap_or_default();
+        if t.lines().count() >= 2 || std::time::Instant::now() > end {
+            break t;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        text,
+        "HTTP/2.0 \"GET /only HTTP/2.0\" 200 200\nHTTP/2.0 \"GET /nope HTTP/2.0\" 404 -\n"
+    );
+}

@@ -9,6 +9,7 @@ mod bodies;
 mod connection;
 mod control;
 mod etcd_outage;
+mod logs;
 mod operations;
 mod product_name;
 mod proxy;

@@ -81,10 +81,11 @@ impl Sluice {
             let port = free_port();
             let cfg = format!(
                 "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: false\n  enable_control: false\n  ssl:\n    enable: false\n\
-                 nginx_config:\n  worker_processes: {workers}\n\
+                 nginx_config:\n  worker_processes: {workers}\n  http:\n    access_log: {log}\n\
                  deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
                  plugin_attr:\n  prometheus:\n    enable_export_server: false\n\
-                 sluice:\n  config_poll_interval: 0.1\n  graceful_shutdown_timeout: 5\n"
+                 sluice:\n  config_poll_interval: 0.1\n  graceful_shutdown_timeout: 5\n",
+                log = dir.0.join("access.log").display()
             );
             std::fs::write(dir.0.join("config.yaml"), cfg).expect("write config.yaml");
             let mut child = spawn_start(&dir);
@@ -116,12 +117,13 @@ impl Sluice {
         let (port, admin_port) = (free_port(), free_port());
         let cfg = format!(
             "apisix:\n  node_listen:\n    - ip: 127.0.0.1\n      port: {port}\n  enable_admin: true\n  enable_control: false\n  ssl:\n    enable: false\n\
-             nginx_config:\n  worker_processes: 1\n\
+             nginx_config:\n  worker_processes: 1\n  http:\n    access_log: {log}\n\
              deployment:\n  role: traditional\n  role_traditional:\n    config_provider: embedded\n\
              \x20 admin:\n    admin_listen:\n      ip: 127.0.0.1\n      port: {admin_port}\n\
              \x20   admin_key:\n      - name: admin\n        key: {key}\n        role: admin\n\
              plugin_attr:\n  prometheus:\n    enable_export_server: false\n\
-             sluice:\n  data_dir: data\n"
+             sluice:\n  data_dir: data\n",
+            log = dir.0.join("access.log").display()
         );
         std::fs::write(dir.0.join("config.yaml"), cfg).expect("write config.yaml");
         let mut child = spawn_start(&dir);
