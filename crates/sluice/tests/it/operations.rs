@@ -566,14 +566,14 @@ fn sluice_test_checks_config_yaml_and_apisix_yaml() {
 
     // An APISIX key Sluice ignores is a warning, not a failure.
     let (ok, out) = sluice_test(
-        &format!("{STANDALONE}nginx_config:\n  http:\n    client_body_timeout: 60s\n"),
+        &format!("{STANDALONE}nginx_config:\n  http:\n    send_timeout: 60s\n"),
         Some(&good_routes),
     );
     assert!(ok, "{out}");
     assert!(
         out.contains("warning: ")
             && out.contains(
-                "nginx_config.http.client_body_timeout is an APISIX setting Sluice does not use"
+                "nginx_config.http.send_timeout is an APISIX setting Sluice does not use"
             ),
         "{out}"
     );
