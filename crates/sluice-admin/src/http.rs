@@ -266,7 +266,9 @@ pub(crate) async fn dispatch(state: &AdminState, req: &Req) -> Reply {
     let get = req.method == "GET";
     match segs.as_slice() {
         ["plugins", "list"] if get => Reply::json(200, json!(state.plugins.names())),
-        ["plugins", name] | ["schema", "plugins", name] if get => plugin_schema(state, name),
+        ["plugins", name] | ["schema", "plugins", name] if get => {
+            plugin_schema(state, name, req.arg("schema_type") == Some("consumer"))
+        }
         ["schema", "validate", res] if req.method == "POST" => validate(state, req, res),
         ["schema", res] if get => match schema::resource_schema(res) {
             Some(s) => Reply::json(200, s),
@@ -288,10 +290,18 @@ pub(crate) async fn dispatch(state: &AdminState, req: &Req) -> Reply {
     }
 }
 
-fn plugin_schema(state: &AdminState, name: &str) -> Reply {
-    match state.plugins.schema(name) {
+/// APISIX's `plugins.get`: the plugin's schema, or with `schema_type=consumer` its `consumer_schema`
+/// (`400 not found schema` for a plugin without one).
+fn plugin_schema(state: &AdminState, name: &str, consumer: bool) -> Reply {
+    let Some(schema) = state.plugins.schema(name) else {
+        return Reply::error(404, "plugin not found in subsystem http");
+    };
+    if !consumer {
+        return Reply::json(200, schema);
+    }
+    match state.plugins.consumer_schema(name) {
         Some(s) => Reply::json(200, s),
-        None => Reply::error(404, "plugin not found in subsystem http"),
+        None => Reply::error(400, "not found schema"),
     }
 }
 

@@ -34,6 +34,10 @@ pub trait PluginCatalog: Send + Sync {
     fn is_auth(&self, _name: &str) -> bool {
         false
     }
+    /// The plugin's `consumer_schema` (auth plugins), served for `?schema_type=consumer`.
+    fn consumer_schema(&self, _name: &str) -> Option<Value> {
+        None
+    }
 }
 
 /// The APISIX release whose Admin API this build implements. Advertised in the Admin API's `Server` header as

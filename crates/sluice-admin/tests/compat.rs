@@ -38,6 +38,9 @@ impl PluginCatalog for Registry {
     fn is_auth(&self, name: &str) -> bool {
         registry::find(name).is_some_and(|e| e.auth)
     }
+    fn consumer_schema(&self, name: &str) -> Option<Value> {
+        registry::consumer_schema(name)
+    }
 }
 
 struct Gw {
@@ -628,4 +631,50 @@ async fn concurrent_patches_through_two_nodes_never_conflict() {
     }
     let got = labels.as_object().map_or(0, |l| l.len());
     assert_eq!(got, 2 * N, "every PATCH's field applied: {labels}");
+}
+
+#[tokio::test]
+async fn plugin_consumer_schema_on_request() {
+    let gw = embedded("schema").await;
+    for path in [
+        "/apisix/admin/schema/plugins/key-auth?schema_type=consumer",
+        "/apisix/admin/plugins/key-auth?schema_type=consumer",
+    ] {
+        let a = call(&gw, "GET", path, "").await;
+        assert_eq!(a.status, 200, "{path}");
+        assert_eq!(
+            a.body,
+            json!({"type": "object", "properties": {"key": {"type": "string"}},
+                   "encrypt_fields": ["key"], "required": ["key"]}),
+            "{path}"
+        );
+    }
+    // Without it, the route-side schema (it has `header`).
+    let a = call(&gw, "GET", "/apisix/admin/schema/plugins/key-auth", "").await;
+    assert!(a.body["properties"]["header"].is_object(), "{}", a.raw_body);
+    let a = call(
+        &gw,
+        "GET",
+        "/apisix/admin/schema/plugins/hmac-auth?schema_type=consumer",
+        "",
+    )
+    .await;
+    assert_eq!(a.body["required"], json!(["key_id", "secret_key"]));
+    // A plugin without a consumer schema: APISIX's 400; an unknown plugin stays 404.
+    let a = call(
+        &gw,
+        "GET",
+        "/apisix/admin/schema/plugins/limit-count?schema_type=consumer",
+        "",
+    )
+    .await;
+    assert_eq!(err(&a), (400, "not found schema".into()));
+    let a = call(
+        &gw,
+        "GET",
+        "/apisix/admin/schema/plugins/nope?schema_type=consumer",
+        "",
+    )
+    .await;
+    assert_eq!(a.status, 404);
 }

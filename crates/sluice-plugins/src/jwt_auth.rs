@@ -99,7 +99,7 @@ fn check(v: &Value) -> Result<(), String> {
 }
 
 /// The consumer-side schema (APISIX's `consumer_schema`).
-fn consumer_schema() -> Value {
+pub(crate) fn consumer_schema() -> Value {
     json!({
         "type": "object",
         "properties": {

@@ -20,4 +20,7 @@ impl sluice_admin::PluginCatalog for RegistryCatalog {
     fn is_auth(&self, name: &str) -> bool {
         registry::find(name).is_some_and(|e| e.auth)
     }
+    fn consumer_schema(&self, name: &str) -> Option<Value> {
+        registry::consumer_schema(name)
+    }
 }
