@@ -678,3 +678,54 @@ async fn plugin_consumer_schema_on_request() {
     .await;
     assert_eq!(a.status, 404);
 }
+
+/// t/admin/credentials.t TEST 3 with APISIX's default keyring: the PUT answer shows the password as stored
+/// (encrypted, byte for byte APISIX's), a GET shows it decrypted.
+#[tokio::test]
+async fn credential_secrets_are_encrypted_in_put_answers_and_plain_in_get() {
+    let dir = std::env::temp_dir().join(format!("sluice-admin-compat-{}-enc", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let de = sluice_secrets::DataEncryption::new(
+        sluice_secrets::Keyring::new(&["qeddd145sfvddff3", "edd1c9f0985e76a2"]).unwrap(),
+        true,
+        registry::secret_fields,
+    );
+    let store: Arc<dyn Store> =
+        Arc::new(EmbeddedStore::open_with(&dir.join("db.redb"), Arc::new(de)).unwrap());
+    let gw = serve(store, Some(dir)).await;
+    assert_eq!(
+        call(
+            &gw,
+            "PUT",
+            "/apisix/admin/consumers",
+            r#"{"username":"jack"}"#
+        )
+        .await
+        .status,
+        201
+    );
+    let a = call(
+        &gw,
+        "PUT",
+        "/apisix/admin/consumers/jack/credentials/credential_a",
+        r#"{"desc":"basic-auth for jack","plugins":{"basic-auth":{"username":"the-new-user","password":"the-password"}}}"#,
+    )
+    .await;
+    assert_eq!(a.status, 201, "{}", a.raw_body);
+    assert_eq!(
+        a.body["value"]["plugins"],
+        json!({"basic-auth": {"username": "the-new-user", "password": "WvF5kpaLvIzjuk4GNIMTJg=="}})
+    );
+    assert_eq!(a.body["value"]["id"], json!("credential_a"));
+    let g = call(
+        &gw,
+        "GET",
+        "/apisix/admin/consumers/jack/credentials/credential_a",
+        "",
+    )
+    .await;
+    assert_eq!(
+        g.body["value"]["plugins"]["basic-auth"]["password"],
+        json!("the-password")
+    );
+}
