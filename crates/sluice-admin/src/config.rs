@@ -38,6 +38,8 @@ pub struct AdminConfig {
     pub allow: Vec<IpNet>,
     /// Standalone (yaml) mode: the configuration comes from a file, so resource writes are refused.
     pub standalone: bool,
+    /// `enable_admin_cors` (APISIX's default: on): CORS headers on every answer, OPTIONS answered before auth.
+    pub cors: bool,
 }
 
 impl Default for AdminConfig {
@@ -52,6 +54,7 @@ impl Default for AdminConfig {
                 .filter_map(|s| s.parse().ok())
                 .collect(),
             standalone: false,
+            cors: true,
         }
     }
 }
@@ -77,6 +80,9 @@ impl AdminConfig {
         }
         if let Some(b) = admin.get("admin_key_required").and_then(Value::as_bool) {
             out.key_required = b;
+        }
+        if let Some(b) = admin.get("enable_admin_cors").and_then(Value::as_bool) {
+            out.cors = b;
         }
         if let Some(list) = admin.get("admin_key").and_then(Value::as_array) {
             for (i, row) in list.iter().enumerate() {

@@ -87,6 +87,10 @@ pub(crate) async fn resource(state: &AdminState, req: &Req, t: Target) -> Reply 
             format!("not supported `POST` method for {}", t.kind.kind),
         ),
         "POST" => put(state, req, &t, true).await,
+        "PATCH" if !t.kind.patch => Reply::error(
+            405,
+            format!("not supported `PATCH` method for {}", t.kind.kind),
+        ),
         "PATCH" => patch(state, req, &t).await,
         "DELETE" => delete(state, req, &t).await,
         _ => Reply::error(404, "not found"),
@@ -150,6 +154,10 @@ fn get(state: &AdminState, req: &Req, t: &Target) -> Reply {
             }
         }
         list.push(envelope(state, req, key, e));
+    }
+    if list.is_empty() && t.kind.name == "credentials" {
+        // APISIX ranges over `/consumers/{name}/credentials`, which has no directory key: nothing there is 404.
+        return Reply::not_found();
     }
     let total = list.len();
     if let (Some(page), Some(size)) = (req.arg("page"), req.arg("page_size")) {
@@ -228,38 +236,91 @@ async fn put(state: &AdminState, req: &Req, t: &Target, post: bool) -> Reply {
     if let Err(r) = resources::forbidden_times(&conf) {
         return r;
     }
-    if kind.name != "credentials" {
-        conf.entry(kind.id_field.to_owned())
-            .or_insert_with(|| Value::String(id.clone()));
-    }
+    conf.entry(kind.id_field.to_owned())
+        .or_insert_with(|| Value::String(id.clone()));
     let _w = state.write_lock.lock().await;
-    let snap = state.store.snapshot();
     let key = format!("{}{id}", t.prefix);
-    let old = snap.get(&key);
-    let ts = now();
-    let create = old
-        .and_then(|e| e.value.get("create_time").cloned())
-        .unwrap_or(json!(ts));
-    conf.insert("create_time".into(), create);
-    conf.insert("update_time".into(), json!(ts));
-    let mut value = Value::Object(conf);
-    if let Err(r) = resources::check(kind, &value, &snap, state.plugins.as_ref()) {
-        return r;
+    let mut attempt = 0;
+    loop {
+        let snap = state.store.snapshot();
+        let old = snap.get(&key);
+        let mut conf = conf.clone();
+        // APISIX stamps every resource but plugin_metadata (`inject_conf_with_prev_conf` is skipped for it).
+        if kind.name != "plugin_metadata" {
+            let ts = now();
+            let create = old
+                .and_then(|e| e.value.get("create_time").cloned())
+                .unwrap_or(json!(ts));
+            conf.insert("create_time".into(), create);
+            conf.insert("update_time".into(), json!(ts));
+        }
+        let mut value = Value::Object(conf);
+        if let Err(r) = resources::check(kind, &value, &snap, state.plugins.as_ref()) {
+            return r;
+        }
+        if kind.name == "credentials" && !consumer_exists(&snap, t) {
+            return Reply::error(404, "consumer not found");
+        }
+        if let Some(msg) = duplicate_key(state, t, &id, &value, &snap) {
+            return Reply::error(400, msg);
+        }
+        // As APISIX: secrets are encrypted after the check, and the answer shows them as stored.
+        state.store.data_encryption().encrypt(&key, &mut value);
+        let created = old.is_none();
+        let ops = vec![Op::Put {
+            key: key.clone(),
+            value: value.clone(),
+            expect_mod: Some(old.map_or(0, |e| e.mod_revision)),
+        }];
+        match commit(state, &snap, ops, req).await {
+            Ok(()) => {
+                return Reply::json(
+                    if created || post { 201 } else { 200 },
+                    json!({"key": full_key(&key), "value": value}),
+                )
+            }
+            Err(r) if r.status == 409 && attempt < MAX_RETRIES => {
+                attempt += 1;
+                catch_up(state, attempt).await;
+            }
+            Err(r) => return r,
+        }
     }
-    // As APISIX: secrets are encrypted after the check, and the answer shows them as stored.
-    state.store.data_encryption().encrypt(&key, &mut value);
-    let created = old.is_none();
-    let ops = vec![Op::Put {
-        key: key.clone(),
-        value: value.clone(),
-        expect_mod: Some(old.map_or(0, |e| e.mod_revision)),
-    }];
-    match commit(state, &snap, ops, req).await {
-        Ok(()) => Reply::json(
-            if created || post { 201 } else { 200 },
-            json!({"key": full_key(&key), "value": value}),
-        ),
-        Err(r) => r,
+}
+
+/// How often a write that lost a compare-and-swap race (another node wrote the key between our read and our
+/// commit) is redone on fresh state before `409` is answered. APISIX's tools never expect a 409.
+const MAX_RETRIES: u32 = 16;
+
+/// After a lost race: brings this node's snapshot up to the store's latest revision, so the retry reads what
+/// the other writer wrote; a short, growing pause spreads out writers that keep colliding.
+async fn catch_up(state: &AdminState, attempt: u32) {
+    if let Err(e) = state.store.sync().await {
+        tracing::debug!(error = %e, "admin: sync after a write conflict failed");
+    }
+    if attempt > 2 {
+        let ms = 1u64 << attempt.min(7);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}
+
+/// APISIX's `check_duplicate_key` for consumers and credentials.
+fn duplicate_key(
+    state: &AdminState,
+    t: &Target,
+    id: &str,
+    value: &Value,
+    snap: &Snapshot,
+) -> Option<String> {
+    let plugins = value.get("plugins")?;
+    let de = state.store.data_encryption();
+    match t.kind.name {
+        "consumers" => resources::duplicate_key(plugins, id, None, snap, &de),
+        "credentials" => {
+            let user = t.prefix.strip_prefix("consumers/")?.split('/').next()?;
+            resources::duplicate_key(plugins, user, Some(id), snap, &de)
+        }
+        _ => None,
     }
 }
 
@@ -275,10 +336,33 @@ async fn patch(state: &AdminState, req: &Req, t: &Target) -> Reply {
         return Reply::error(400, "invalid configuration");
     }
     let _w = state.write_lock.lock().await;
-    let snap = state.store.snapshot();
     let key = format!("{}{id}", t.prefix);
+    let mut attempt = 0;
+    loop {
+        match patch_once(state, req, t, id, body, &key).await {
+            Err(r) if r.status == 409 && attempt < MAX_RETRIES => {
+                attempt += 1;
+                catch_up(state, attempt).await;
+            }
+            Ok(r) | Err(r) => return r,
+        }
+    }
+}
+
+/// One read-merge-check-commit round of PATCH; `Err` only for a reply a retry may change.
+async fn patch_once(
+    state: &AdminState,
+    req: &Req,
+    t: &Target,
+    id: &str,
+    body: &Value,
+    key: &str,
+) -> Result<Reply, Reply> {
+    let kind = t.kind;
+    let snap = state.store.snapshot();
+    let key = key.to_owned();
     let Some(old) = snap.get(&key) else {
-        return Reply::not_found();
+        return Ok(Reply::not_found());
     };
     // Merge onto plain values (APISIX decrypts before merging too), so kept secrets are not encrypted twice.
     let de = state.store.data_encryption();
@@ -287,7 +371,7 @@ async fn patch(state: &AdminState, req: &Req, t: &Target) -> Reply {
     if t.sub_path.is_empty() {
         patch::merge(&mut value, body);
     } else if let Err(e) = patch::set_sub_path(&mut value, &t.sub_path, body.clone()) {
-        return Reply::error(400, e);
+        return Ok(Reply::error(400, e));
     }
     if let Some(o) = value.as_object_mut() {
         // The id cannot be patched away or changed.
@@ -304,7 +388,7 @@ async fn patch(state: &AdminState, req: &Req, t: &Target) -> Reply {
         }
     }
     if let Err(r) = resources::check(kind, &value, &snap, state.plugins.as_ref()) {
-        return r;
+        return Ok(r);
     }
     de.encrypt(&key, &mut value);
     let ops = vec![Op::Put {
@@ -312,10 +396,11 @@ async fn patch(state: &AdminState, req: &Req, t: &Target) -> Reply {
         value: value.clone(),
         expect_mod: Some(old.mod_revision),
     }];
-    match commit(state, &snap, ops, req).await {
-        Ok(()) => Reply::json(200, json!({"key": full_key(&key), "value": value})),
-        Err(r) => r,
-    }
+    commit(state, &snap, ops, req).await?;
+    Ok(Reply::json(
+        200,
+        json!({"key": full_key(&key), "value": value}),
+    ))
 }
 
 async fn delete(state: &AdminState, req: &Req, t: &Target) -> Reply {
@@ -447,8 +532,8 @@ pub(crate) fn target(segs: &[String]) -> Option<Target> {
     })
 }
 
-/// Credentials need their consumer; checked before the generic verb runs.
-pub(crate) fn consumer_exists(state: &AdminState, t: &Target) -> bool {
+/// A credential's consumer exists in `snap` (true for any other target).
+pub(crate) fn consumer_exists(snap: &Snapshot, t: &Target) -> bool {
     let Some(user) = t
         .prefix
         .strip_prefix("consumers/")
@@ -456,10 +541,5 @@ pub(crate) fn consumer_exists(state: &AdminState, t: &Target) -> bool {
     else {
         return true;
     };
-    t.kind.name != "credentials"
-        || state
-            .store
-            .snapshot()
-            .get(&format!("consumers/{user}"))
-            .is_some()
+    t.kind.name != "credentials" || snap.get(&format!("consumers/{user}")).is_some()
 }

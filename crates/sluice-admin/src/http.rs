@@ -49,18 +49,45 @@ pub async fn serve(listener: TcpListener, state: AdminState) {
     }
 }
 
-fn respond(reply: Reply) -> Response<Full<Bytes>> {
+fn respond(state: &AdminState, reply: Reply) -> Response<Full<Bytes>> {
+    static SERVER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let (ctype, body) = match &reply.body {
         Value::Null => ("application/json", Bytes::new()),
         Value::String(s) => ("text/plain", Bytes::from(s.clone())),
         v => ("application/json", Bytes::from(v.to_string())),
     };
-    Response::builder()
+    let mut b = Response::builder()
         .status(reply.status)
         .header("content-type", ctype)
         .header("x-api-version", "v3")
-        .header("server", "sluice")
-        .body(Full::new(body))
+        .header("server", SERVER.get_or_init(crate::server_header).as_str());
+    if state.config.cors {
+        // APISIX's cors_admin() for every non-OPTIONS answer.
+        b = b
+            .header("access-control-allow-origin", "*")
+            .header("access-control-allow-credentials", "true")
+            .header("access-control-expose-headers", "*")
+            .header("access-control-max-age", "3600");
+    }
+    b.body(Full::new(body))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// APISIX's preflight answer (`cors_admin()`): 200, empty, before authentication.
+fn preflight() -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(200)
+        .header("server", crate::server_header())
+        .header("access-control-allow-origin", "*")
+        .header(
+            "access-control-allow-methods",
+            "POST, GET, PUT, OPTIONS, DELETE, PATCH",
+        )
+        .header("access-control-max-age", "3600")
+        .header("access-control-allow-headers", "*")
+        .header("access-control-allow-credentials", "true")
+        .header("content-type", "text/plain")
+        .body(Full::new(Bytes::new()))
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }
 
@@ -145,33 +172,47 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
     if !state.config.allowed(peer.ip()) {
-        return respond(Reply::json(403, Value::String("403 Forbidden".into())));
+        return respond(
+            state,
+            Reply::json(403, Value::String("403 Forbidden".into())),
+        );
     }
     let method = req.method().as_str().to_owned();
+    if method == "OPTIONS" && state.config.cors {
+        return preflight();
+    }
     let path = req.uri().path().to_owned();
     let query = parse_query(req.uri().query().unwrap_or(""));
     let Some(rest) = path
         .strip_prefix("/apisix/admin")
         .filter(|r| r.is_empty() || r.starts_with('/'))
     else {
-        return respond(Reply::json(404, Value::Null));
+        return respond(state, Reply::json(404, Value::Null));
     };
     if method == "HEAD" && rest.trim_matches('/').is_empty() {
-        return respond(Reply::json(200, Value::Null));
+        return respond(state, Reply::json(200, Value::Null));
     }
     let role = match check_token(state, &method, token(&req, &query)) {
         Ok(role) => role,
         Err(why) => {
             tracing::warn!(%peer, why, "admin: failed to check token");
-            return respond(Reply::json(
-                401,
-                json!({"error_msg": "failed to check token", "description": why}),
-            ));
+            return respond(
+                state,
+                Reply::json(
+                    401,
+                    json!({"error_msg": "failed to check token", "description": why}),
+                ),
+            );
         }
     };
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(e) => return respond(Reply::error(400, format!("invalid request body: {e}"))),
+        Err(e) => {
+            return respond(
+                state,
+                Reply::error(400, format!("invalid request body: {e}")),
+            )
+        }
     };
     let body = if body.is_empty() {
         None
@@ -179,14 +220,32 @@ async fn handle(
         match serde_json::from_slice::<Value>(&body) {
             Ok(v) => Some(v),
             Err(e) => {
-                return respond(Reply::json(
-                    400,
-                    json!({"error_msg": format!("invalid request body: {e}"),
+                return respond(
+                    state,
+                    Reply::json(
+                        400,
+                        json!({"error_msg": format!("invalid request body: {e}"),
                            "req_body": String::from_utf8_lossy(&body)}),
-                ))
+                    ),
+                )
             }
         }
     };
+    if let Some((_, ttl)) = query.iter().find(|(k, _)| k == "ttl") {
+        // APISIX's Lua `tonumber`: decimal, hex and exponent forms pass; the value is not used (no leases).
+        let t = ttl.trim();
+        let hex = t
+            .strip_prefix("0x")
+            .or_else(|| t.strip_prefix("0X"))
+            .is_some_and(|h| !h.is_empty() && u64::from_str_radix(h, 16).is_ok());
+        let num = t.parse::<f64>().is_ok_and(f64::is_finite) && !t.contains(['n', 'N', 'i', 'I']);
+        if !hex && !num {
+            return respond(
+                state,
+                Reply::error(400, "invalid argument ttl: should be a number"),
+            );
+        }
+    }
     let segs = rest
         .split('/')
         .filter(|s| !s.is_empty())
@@ -199,7 +258,7 @@ async fn handle(
         query,
         body,
     };
-    respond(dispatch(state, &req).await)
+    respond(state, dispatch(state, &req).await)
 }
 
 pub(crate) async fn dispatch(state: &AdminState, req: &Req) -> Reply {
@@ -207,7 +266,9 @@ pub(crate) async fn dispatch(state: &AdminState, req: &Req) -> Reply {
     let get = req.method == "GET";
     match segs.as_slice() {
         ["plugins", "list"] if get => Reply::json(200, json!(state.plugins.names())),
-        ["plugins", name] | ["schema", "plugins", name] if get => plugin_schema(state, name),
+        ["plugins", name] | ["schema", "plugins", name] if get => {
+            plugin_schema(state, name, req.arg("schema_type") == Some("consumer"))
+        }
         ["schema", "validate", res] if req.method == "POST" => validate(state, req, res),
         ["schema", res] if get => match schema::resource_schema(res) {
             Some(s) => Reply::json(200, s),
@@ -224,18 +285,23 @@ pub(crate) async fn dispatch(state: &AdminState, req: &Req) -> Reply {
                 // As APISIX in yaml mode: resource URLs do not exist, the file is the configuration.
                 return Reply::error(404, "not found");
             }
-            if !handlers::consumer_exists(state, &t) {
-                return Reply::error(404, "consumer not found");
-            }
             handlers::resource(state, req, t).await
         }
     }
 }
 
-fn plugin_schema(state: &AdminState, name: &str) -> Reply {
-    match state.plugins.schema(name) {
+/// APISIX's `plugins.get`: the plugin's schema, or with `schema_type=consumer` its `consumer_schema`
+/// (`400 not found schema` for a plugin without one).
+fn plugin_schema(state: &AdminState, name: &str, consumer: bool) -> Reply {
+    let Some(schema) = state.plugins.schema(name) else {
+        return Reply::error(404, "plugin not found in subsystem http");
+    };
+    if !consumer {
+        return Reply::json(200, schema);
+    }
+    match state.plugins.consumer_schema(name) {
         Some(s) => Reply::json(200, s),
-        None => Reply::error(404, "plugin not found in subsystem http"),
+        None => Reply::error(400, "not found schema"),
     }
 }
 

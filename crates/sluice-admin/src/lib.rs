@@ -30,6 +30,27 @@ pub trait PluginCatalog: Send + Sync {
     fn schema(&self, name: &str) -> Option<Value>;
     /// The plugin's own check (schema plus cross-field rules), with APISIX's error text.
     fn check(&self, name: &str, conf: &Value) -> Result<(), String>;
+    /// An auth plugin (APISIX `type = 'auth'`): the only kind a consumer credential may hold.
+    fn is_auth(&self, _name: &str) -> bool {
+        false
+    }
+    /// The plugin's `consumer_schema` (auth plugins), served for `?schema_type=consumer`.
+    fn consumer_schema(&self, _name: &str) -> Option<Value> {
+        None
+    }
+}
+
+/// The APISIX release whose Admin API this build implements. Advertised in the Admin API's `Server` header as
+/// `sluice/<version> APISIX/<this>`, the token ADC and other APISIX clients read the version from
+/// (`/APISIX\/(.*)/`): without it they assume a future APISIX and may use features no release has.
+pub const APISIX_VERSION: &str = "3.15.0";
+
+/// The Admin API's `Server` header: Sluice's own product token first, then the APISIX version it implements.
+pub fn server_header() -> String {
+    format!(
+        "sluice/{} APISIX/{APISIX_VERSION}",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 /// The data-plane compiler's dry run over a complete candidate configuration. `Ok(token)`: a non-zero token

@@ -28,6 +28,8 @@ pub(crate) struct Kind {
     pub id_field: &'static str,
     /// POST (generated id) allowed.
     pub post: bool,
+    /// PATCH allowed (APISIX's `unsupported_methods`: not on consumers, credentials, plugin_metadata, protos).
+    pub patch: bool,
     pub plugins: PluginsField,
     /// (field, target collection, what APISIX calls it in "failed to fetch X info by X id").
     pub refs: &'static [(&'static str, &'static str, &'static str)],
@@ -57,6 +59,7 @@ pub(crate) const KINDS: &[Kind] = &[
         schema: schema::route,
         id_field: "id",
         post: true,
+        patch: true,
         plugins: PluginsField::Plugins,
         refs: &[
             ("upstream_id", "upstreams", "upstream"),
@@ -71,6 +74,7 @@ pub(crate) const KINDS: &[Kind] = &[
         schema: schema::service,
         id_field: "id",
         post: true,
+        patch: true,
         plugins: PluginsField::Plugins,
         refs: &[("upstream_id", "upstreams", "upstream")],
         used_by: &[(
@@ -86,6 +90,7 @@ pub(crate) const KINDS: &[Kind] = &[
         schema: schema::upstream,
         id_field: "id",
         post: true,
+        patch: true,
         plugins: PluginsField::None,
         refs: &[],
         used_by: USED_BY_UPSTREAM,
@@ -96,6 +101,7 @@ pub(crate) const KINDS: &[Kind] = &[
         schema: schema::consumer,
         id_field: "username",
         post: false,
+        patch: false,
         plugins: PluginsField::ConsumerPlugins,
         refs: &[("group_id", "consumer_groups", "consumer group")],
         used_by: &[],
@@ -106,6 +112,7 @@ pub(crate) const KINDS: &[Kind] = &[
         schema: schema::ssl,
         id_field: "id",
         post: true,
+        patch: true,
         plugins: PluginsField::None,
         refs: &[],
         used_by: &[],
@@ -116,6 +123,7 @@ pub(crate) const KINDS: &[Kind] = &[
         schema: schema::global_rule,
         id_field: "id",
         post: false,
+        patch: true,
         plugins: PluginsField::Plugins,
         refs: &[],
         used_by: &[],
@@ -126,6 +134,7 @@ pub(crate) const KINDS: &[Kind] = &[
         schema: schema::plugin_config,
         id_field: "id",
         post: false,
+        patch: true,
         plugins: PluginsField::Plugins,
         refs: &[],
         used_by: &[(
@@ -141,6 +150,7 @@ pub(crate) const KINDS: &[Kind] = &[
         schema: schema::consumer_group,
         id_field: "id",
         post: false,
+        patch: true,
         plugins: PluginsField::Plugins,
         refs: &[],
         used_by: &[(
@@ -156,6 +166,7 @@ pub(crate) const KINDS: &[Kind] = &[
         schema: schema::proto,
         id_field: "id",
         post: true,
+        patch: false,
         plugins: PluginsField::None,
         refs: &[],
         used_by: &[],
@@ -166,6 +177,7 @@ pub(crate) const KINDS: &[Kind] = &[
         schema: schema::secret,
         id_field: "id",
         post: false,
+        patch: true,
         plugins: PluginsField::None,
         refs: &[],
         used_by: &[],
@@ -176,6 +188,7 @@ pub(crate) const KINDS: &[Kind] = &[
         schema: schema::plugin_metadata,
         id_field: "id",
         post: false,
+        patch: false,
         plugins: PluginsField::None,
         refs: &[],
         used_by: &[],
@@ -188,6 +201,7 @@ pub(crate) const CREDENTIALS: Kind = Kind {
     schema: schema::credential,
     id_field: "id",
     post: false,
+    patch: false,
     plugins: PluginsField::ConsumerPlugins,
     refs: &[],
     used_by: &[],
@@ -272,8 +286,104 @@ pub(crate) fn check(
                 _ => e,
             });
         }
+        if kind.name == "credentials" && p.keys().any(|n| !plugins.is_auth(n)) {
+            return bad("only supports auth type plugins in consumer credential".into());
+        }
+    }
+    if kind.name == "protos" {
+        compile_proto(conf, snap).or_else(bad)?;
     }
     Ok(())
+}
+
+/// APISIX's proto `check_conf`: the content must compile (`.proto` text, else base64 of a `FileDescriptorSet`).
+/// Imports resolve against the other proto resources by `name` (APISIX cannot import at all).
+fn compile_proto(conf: &Value, snap: &Snapshot) -> Result<(), String> {
+    let content = conf.get("content").and_then(Value::as_str).unwrap_or("");
+    let name = conf
+        .get("name")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .or_else(|| conf.get("id").and_then(id_string))
+        .unwrap_or_else(|| "proto".into());
+    let resolver = |import: &str| {
+        snap.list("protos")
+            .find(|(_, e)| e.value.get("name").and_then(Value::as_str) == Some(import))
+            .and_then(|(_, e)| {
+                e.value
+                    .get("content")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+    };
+    sluice_grpc::compile(&name, content, resolver)
+        .map(drop)
+        .map_err(|e| format!("invalid content: {}", e.0))
+}
+
+/// The auth plugins whose credential field must be unique across consumers and credentials (APISIX's
+/// `plugin_unique_key_attrs` in apisix/consumer.lua).
+const UNIQUE_KEYS: &[(&str, &str)] = &[
+    ("key-auth", "key"),
+    ("basic-auth", "username"),
+    ("jwt-auth", "key"),
+    ("hmac-auth", "key_id"),
+    ("ldap-auth", "user_dn"),
+    ("ldap-auth-advanced", "user_dn"),
+];
+
+/// APISIX's `check_duplicate_key`: a consumer (`credential` None) or one of its credentials may not reuse
+/// another consumer's or credential's key. A consumer never conflicts with its own credentials; a credential
+/// only with itself. Secret references (`$secret://`, `$env://`) are not compared, as in APISIX.
+pub(crate) fn duplicate_key(
+    plugins_conf: &Value,
+    consumer: &str,
+    credential: Option<&str>,
+    snap: &Snapshot,
+    de: &sluice_secrets::DataEncryption,
+) -> Option<String> {
+    let plugins_conf = plugins_conf.as_object()?;
+    for (plugin, attr) in UNIQUE_KEYS {
+        let Some(want) = plugins_conf
+            .get(*plugin)
+            .and_then(|c| c.get(*attr))
+            .and_then(Value::as_str)
+            .filter(|v| !v.starts_with("$secret://") && !v.starts_with("$env://"))
+        else {
+            continue;
+        };
+        for (key, e) in snap.under("consumers/") {
+            let rest = &key["consumers/".len()..];
+            let (owner, owner_cred) = match rest.split_once("/credentials/") {
+                Some((u, id)) => (u, Some(id)),
+                None if !rest.contains('/') => (rest, None),
+                None => continue,
+            };
+            let is_self = match credential {
+                Some(id) => owner == consumer && owner_cred == Some(id),
+                None => owner == consumer,
+            };
+            if is_self {
+                continue;
+            }
+            let v = de.decrypted(key, &e.value);
+            let found = v
+                .get("plugins")
+                .and_then(|p| p.get(*plugin))
+                .and_then(|c| c.get(*attr))
+                .and_then(Value::as_str);
+            if found == Some(want) {
+                let desc = match owner_cred {
+                    Some(id) => format!("credential: {id} of consumer: {owner}"),
+                    None => format!("consumer: {owner}"),
+                };
+                return Some(format!(
+                    "duplicate {attr} of plugin {plugin} found with {desc}"
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// `apisix/upstream.lua` check_upstream_conf's rules that the schema cannot express.
@@ -316,11 +426,40 @@ pub(crate) fn check_plugins(
 
 /// Who still points at `kind/id`, as APISIX's delete_checker message.
 pub(crate) fn delete_blocker(kind: &Kind, id: &str, snap: &Snapshot) -> Option<String> {
+    if kind.name == "protos" {
+        return proto_user(id, snap);
+    }
     for (coll, singular, field, prefix) in kind.used_by {
         for (other_id, e) in snap.list(coll) {
             if e.value.get(*field).and_then(id_string).as_deref() == Some(id) {
                 return Some(format!(
                     "{prefix}{singular} [{other_id}] is still using it now"
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// APISIX's proto `delete_checker`: a `grpc-transcode` whose `proto_id` is this proto (compared as strings). APISIX
+/// looks at routes and services; plugin configs and global rules hold plugins too, so they are checked as well.
+fn proto_user(id: &str, snap: &Snapshot) -> Option<String> {
+    for (coll, singular) in [
+        ("routes", "route"),
+        ("services", "service"),
+        ("plugin_configs", "plugin config"),
+        ("global_rules", "global rule"),
+    ] {
+        for (other_id, e) in snap.list(coll) {
+            let used = e
+                .value
+                .get("plugins")
+                .and_then(|p| p.get("grpc-transcode"))
+                .and_then(|g| g.get("proto_id"))
+                .and_then(id_string);
+            if used.as_deref() == Some(id) {
+                return Some(format!(
+                    "can not delete this proto, {singular} [{other_id}] is still using it now"
                 ));
             }
         }

@@ -29,6 +29,9 @@ impl PluginCatalog for Catalog {
         }
         Ok(())
     }
+    fn is_auth(&self, name: &str) -> bool {
+        name == "key-auth"
+    }
 }
 
 struct Gw {

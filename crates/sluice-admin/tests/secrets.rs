@@ -43,6 +43,9 @@ impl PluginCatalog for Registry {
         registry::find(name).ok_or("unknown plugin")?;
         (registry::find(name).unwrap().check)(conf)
     }
+    fn is_auth(&self, name: &str) -> bool {
+        registry::find(name).is_some_and(|e| e.auth)
+    }
 }
 
 fn de(keys: &[&str]) -> Arc<DataEncryption> {

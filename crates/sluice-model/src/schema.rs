@@ -208,7 +208,9 @@ pub fn consumer() -> Value {
 }
 
 pub fn credential() -> Value {
-    json!({"type": "object", "properties": with_meta(json!({"plugins": plugins()})),
+    // At most one auth plugin per credential (APISIX's `maxProperties = 1`).
+    json!({"type": "object",
+           "properties": with_meta(json!({"plugins": {"type": "object", "maxProperties": 1}})),
            "additionalProperties": false})
 }
 

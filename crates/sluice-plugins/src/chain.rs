@@ -35,6 +35,8 @@ pub struct CompileEnv<'a> {
     pub consumer_groups: &'a [sluice_model::ConsumerGroup],
     /// The snapshot's plugin_metadata (node-wide settings a plugin reads when it compiles).
     pub plugin_metadata: &'a [sluice_model::PluginMetadata],
+    /// The snapshot's consumer credentials (APISIX 3.11+): more auth objects for their consumers.
+    pub credentials: &'a [sluice_model::Credential],
 }
 
 impl<'a> CompileEnv<'a> {
@@ -51,7 +53,14 @@ impl<'a> CompileEnv<'a> {
             consumer_scope: std::sync::Mutex::new(None),
             consumer_groups: &[],
             plugin_metadata: &[],
+            credentials: &[],
         }
+    }
+
+    /// Adds the snapshot's consumer credentials (absent, only consumers' own auth objects identify them).
+    pub fn with_credentials(mut self, credentials: &'a [sluice_model::Credential]) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     /// Adds the snapshot's consumer groups and plugin_metadata (absent, a compile sees none).

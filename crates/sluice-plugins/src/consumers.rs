@@ -39,6 +39,9 @@ pub struct Consumers {
     pub keys: AHashMap<String, Arc<ConsumerRt>>,
     /// basic-auth `username` -> (`password`, consumer).
     pub basic: AHashMap<String, (String, Arc<ConsumerRt>)>,
+    /// Credentials (APISIX 3.11+ `/consumers/{name}/credentials/{id}`): each one's auth plugins, identifying
+    /// its consumer exactly as the consumer's own auth objects do (APISIX's `construct_consumer_data`).
+    pub credentials: Vec<(sluice_model::Plugins, Arc<ConsumerRt>)>,
 }
 
 fn str_field<'a>(
@@ -80,6 +83,23 @@ impl Consumers {
         .transpose()
     }
 
+    /// Every `plugin` object that identifies a consumer, with that consumer: the consumers' own first, then
+    /// their credentials'.
+    pub fn auth_confs<'s>(
+        &'s self,
+        plugin: &'s str,
+    ) -> impl Iterator<Item = (&'s Value, &'s Arc<ConsumerRt>)> + 's {
+        let own = self
+            .list
+            .iter()
+            .filter_map(move |rt| rt.consumer.plugins.get(plugin).map(|c| (c, rt)));
+        let creds = self
+            .credentials
+            .iter()
+            .filter_map(move |(p, rt)| p.get(plugin).map(|c| (c, rt)));
+        own.chain(creds)
+    }
+
     pub(crate) fn compile(env: &CompileEnv<'_>) -> Result<Consumers, String> {
         let mut out = Consumers::default();
         for c in env.consumers {
@@ -91,21 +111,37 @@ impl Consumers {
                 chain,
                 username: bytes::Bytes::from(c.username.clone()),
             });
-            if let Some(conf) = c.plugins.get("key-auth") {
-                let key = str_field(conf, "key-auth", "key", &c.username)?;
-                if out.keys.insert(key.to_owned(), rt.clone()).is_some() {
-                    return Err(format!("consumer {}: duplicate key-auth key", c.username));
-                }
-            }
-            if let Some(conf) = c.plugins.get("basic-auth") {
-                let user = str_field(conf, "basic-auth", "username", &c.username)?;
-                let pass = str_field(conf, "basic-auth", "password", &c.username)?;
-                out.basic
-                    .insert(user.to_owned(), (pass.to_owned(), rt.clone()));
-            }
             out.by_name.insert(c.username.clone(), rt.clone());
             out.list.push(rt);
         }
+        for cred in env.credentials {
+            // A credential whose consumer is gone identifies nobody (APISIX logs "a wild credential").
+            match out.by_name.get(&cred.consumer) {
+                Some(rt) => out.credentials.push((cred.plugins.clone(), rt.clone())),
+                None => tracing::warn!(
+                    consumer = %cred.consumer,
+                    credential = %cred.id.0,
+                    "credential without its consumer; ignored"
+                ),
+            }
+        }
+        let mut keys = AHashMap::new();
+        let mut basic = AHashMap::new();
+        for (conf, rt) in out.auth_confs("key-auth") {
+            let user = &rt.consumer.username;
+            let key = str_field(conf, "key-auth", "key", user)?;
+            // The Admin API refuses duplicates across consumers; one left anyway (a consumer and its own
+            // credential, another writer) resolves as in APISIX: the last loaded wins.
+            keys.insert(key.to_owned(), rt.clone());
+        }
+        for (conf, rt) in out.auth_confs("basic-auth") {
+            let user = &rt.consumer.username;
+            let name = str_field(conf, "basic-auth", "username", user)?;
+            let pass = str_field(conf, "basic-auth", "password", user)?;
+            basic.insert(name.to_owned(), (pass.to_owned(), rt.clone()));
+        }
+        out.keys = keys;
+        out.basic = basic;
         Ok(out)
     }
 }

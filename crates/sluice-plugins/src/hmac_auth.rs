@@ -100,10 +100,7 @@ type KeyMap = HashMap<String, (Vec<u8>, Arc<ConsumerRt>)>;
 
 fn keys(consumers: &Consumers) -> Result<KeyMap, String> {
     let mut out = HashMap::new();
-    for rt in &consumers.list {
-        let Some(conf) = rt.consumer.plugins.get(NAME) else {
-            continue;
-        };
+    for (conf, rt) in consumers.auth_confs(NAME) {
         let field = |f: &str| {
             conf.get(f).and_then(Value::as_str).ok_or_else(|| {
                 format!(

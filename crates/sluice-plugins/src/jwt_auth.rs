@@ -99,7 +99,7 @@ fn check(v: &Value) -> Result<(), String> {
 }
 
 /// The consumer-side schema (APISIX's `consumer_schema`).
-fn consumer_schema() -> Value {
+pub(crate) fn consumer_schema() -> Value {
     json!({
         "type": "object",
         "properties": {
@@ -172,10 +172,7 @@ fn cred(conf: &Value) -> Result<(String, Key, i64), String> {
 
 fn creds(consumers: &Consumers) -> Result<HashMap<String, Cred>, String> {
     let mut out = HashMap::new();
-    for rt in &consumers.list {
-        let Some(conf) = rt.consumer.plugins.get(NAME) else {
-            continue;
-        };
+    for (conf, rt) in consumers.auth_confs(NAME) {
         let user = &rt.consumer.username;
         let (k, key, grace) = cred(conf).map_err(|e| format!("consumer {user}: jwt-auth: {e}"))?;
         let c = Cred {
@@ -183,9 +180,8 @@ fn creds(consumers: &Consumers) -> Result<HashMap<String, Cred>, String> {
             grace,
             consumer: rt.clone(),
         };
-        if out.insert(k, c).is_some() {
-            return Err(format!("consumer {user}: duplicate jwt-auth key"));
-        }
+        // Last loaded wins, as in APISIX (the Admin API refuses duplicates across consumers).
+        out.insert(k, c);
     }
     Ok(out)
 }

@@ -1,7 +1,7 @@
 //! key-auth (priority 2500, rewrite): the key comes from the `header` (default `apikey`) or else the `query`
 //! argument (default `apikey`); the consumer is found in the snapshot's compiled key map. `hide_credentials`
 //! removes the header or argument before proxying; `anonymous_consumer` names the consumer used when no valid
-//! key is given. 401 bodies are APISIX's. Consumers' own `key-auth` objects are credentials (`{"key": ...}`).
+//! key is given. 401 bodies and `WWW-Authenticate` are APISIX's. Consumers' own `key-auth` objects are credentials (`{"key": ...}`).
 
 use std::sync::Arc;
 
@@ -36,6 +36,7 @@ fn schema() -> Value {
         "properties": {
             "header": {"type": "string", "default": "apikey"},
             "query": {"type": "string", "default": "apikey"},
+            "realm": {"type": "string", "default": "key"},
             "hide_credentials": {"type": "boolean", "default": false},
             "anonymous_consumer": {"type": "string", "minLength": 1}
         }
@@ -47,6 +48,7 @@ fn schema() -> Value {
 struct Conf {
     header: String,
     query: String,
+    realm: String,
     hide_credentials: bool,
     anonymous_consumer: Option<String>,
 }
@@ -56,6 +58,7 @@ impl Default for Conf {
         Conf {
             header: "apikey".into(),
             query: "apikey".into(),
+            realm: "key".into(),
             hide_credentials: false,
             anonymous_consumer: None,
         }
@@ -72,6 +75,8 @@ struct KeyAuth {
     hide: bool,
     anonymous: Option<Arc<ConsumerRt>>,
     consumers: Arc<Consumers>,
+    /// `apikey realm="<realm>"` (APISIX 3.15+ sends it with every 401), built once.
+    challenge: Bytes,
 }
 
 fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
@@ -84,6 +89,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
         hide: c.hide_credentials,
         anonymous,
         consumers,
+        challenge: Bytes::from(format!("apikey realm=\"{}\"", c.realm)),
     }))
 }
 
@@ -148,7 +154,15 @@ impl Plugin for KeyAuth {
     fn rewrite(&self, ctx: &mut Ctx<'_>) -> Flow {
         match self.find(ctx) {
             Ok(c) => c.attach(ctx),
-            Err(msg) => return anonymous_or_reject(self.anonymous.as_deref(), ctx, msg),
+            Err(msg) => {
+                if self.anonymous.is_none() {
+                    ctx.resp.set_headers.push((
+                        Bytes::from_static(b"WWW-Authenticate"),
+                        self.challenge.clone(),
+                    ));
+                }
+                return anonymous_or_reject(self.anonymous.as_deref(), ctx, msg);
+            }
         }
         Flow::Continue
     }

@@ -57,6 +57,25 @@ pub fn find(name: &str) -> Option<&'static Entry> {
     REGISTRY.iter().find(|e| e.name == name)
 }
 
+/// An auth plugin's `consumer_schema` as APISIX serves it (`GET /apisix/admin/schema/plugins/{name}?schema_type=
+/// consumer`): what a consumer's or credential's object for that plugin holds. `None` for other plugins.
+pub fn consumer_schema(name: &str) -> Option<Value> {
+    use serde_json::json;
+    Some(match name {
+        "key-auth" => json!({"type": "object", "properties": {"key": {"type": "string"}},
+                             "encrypt_fields": ["key"], "required": ["key"]}),
+        "basic-auth" => json!({"type": "object", "title": "work with consumer object",
+                               "properties": {"username": {"type": "string"}, "password": {"type": "string"}},
+                               "encrypt_fields": ["password"], "required": ["username", "password"]}),
+        "hmac-auth" => json!({"type": "object", "title": "work with consumer object",
+                              "properties": {"key_id": {"type": "string", "minLength": 1, "maxLength": 256},
+                                             "secret_key": {"type": "string", "minLength": 1, "maxLength": 256}},
+                              "encrypt_fields": ["secret_key"], "required": ["key_id", "secret_key"]}),
+        "jwt-auth" => crate::jwt_auth::consumer_schema(),
+        _ => return None,
+    })
+}
+
 /// The plugins' secret-field declarations, as [`sluice_secrets::PluginFields`] (`None`: an unknown plugin).
 pub fn secret_fields(name: &str) -> Option<&'static sluice_secrets::SecretFields> {
     find(name).map(|e| &e.secrets)

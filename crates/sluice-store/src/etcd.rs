@@ -360,6 +360,25 @@ impl Store for EtcdStore {
         self.inner.tx.subscribe()
     }
 
+    fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            // Any read returns the cluster's current revision in its header; the watch then brings the snapshot
+            // up to it.
+            let mut c = inner.client.clone();
+            let key = format!("{}/", inner.cfg.prefix);
+            let resp = c
+                .get(key, Some(GetOptions::new().with_count_only()))
+                .await
+                .map_err(unavailable)?;
+            let rev = resp.header().map_or(0, |h| h.revision()).max(0) as u64;
+            let mut seen = inner.seen.subscribe();
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), seen.wait_for(|s| *s >= rev)).await;
+            Ok(())
+        })
+    }
+
     fn data_encryption(&self) -> Arc<DataEncryption> {
         self.inner.de.clone()
     }

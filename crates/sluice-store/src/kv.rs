@@ -144,6 +144,12 @@ pub trait Store: Send + Sync {
         -> BoxFuture<'_, Result<Vec<Revision>, StoreError>>;
     /// The complete configuration on every change, for the binary to compile.
     fn subscribe(&self) -> ConfigRx;
+    /// Waits (bounded) until [`Store::snapshot`] reflects every write the backend had committed when this was
+    /// called, including other nodes' (a writer that lost a compare-and-swap race reads the winner's value
+    /// before it retries). A store only this process writes is always current.
+    fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
     /// False while the backend is unreachable (the Admin API then answers 503).
     fn healthy(&self) -> bool {
         true

@@ -17,4 +17,10 @@ impl sluice_admin::PluginCatalog for RegistryCatalog {
         let e = registry::find(name).ok_or_else(|| format!("unknown plugin [{name}]"))?;
         (e.check)(conf)
     }
+    fn is_auth(&self, name: &str) -> bool {
+        registry::find(name).is_some_and(|e| e.auth)
+    }
+    fn consumer_schema(&self, name: &str) -> Option<Value> {
+        registry::consumer_schema(name)
+    }
 }

@@ -27,10 +27,87 @@ fn key_auth_errors_match_apisix() {
         .header("content-type")
         .unwrap()
         .contains("application/json"));
+    // APISIX 3.15+: every key-auth 401 carries the challenge, realm "key" unless configured.
+    assert_eq!(r.header("www-authenticate"), Some("apikey realm=\"key\""));
     let r = gw.get("/hello", &[("apikey", "nope")]);
     assert_eq!(r.status, 401);
     assert_eq!(r.json(), json!({"message": "Invalid API key in request"}));
+    assert_eq!(r.header("www-authenticate"), Some("apikey realm=\"key\""));
     assert_eq!(o.count(), 0, "rejected requests never reach the origin");
+    drop(gw);
+    let gw = Gw::start(two_consumers(&o, json!({"key-auth": {"realm": "shop"}})));
+    let r = gw.get("/hello", &[]);
+    assert_eq!(r.header("www-authenticate"), Some("apikey realm=\"shop\""));
+    let r = gw.get("/hello", &[("apikey", "auth-one")]);
+    assert_eq!((r.status, r.header("www-authenticate")), (200, None));
+}
+
+/// APISIX 3.11+ credentials (`/consumers/{name}/credentials/{id}`) identify their consumer exactly as the
+/// consumer's own auth objects do: key-auth, basic-auth, jwt-auth and hmac-auth each authenticate as jack, and
+/// consumer-restriction sees jack's name. A credential whose consumer is gone identifies nobody.
+#[test]
+fn credentials_authenticate_as_their_consumer() {
+    use sluice_plugins::hmac_auth::sign;
+    use sluice_plugins::jwt_auth::sign_hs256;
+    let o = Origin::start();
+    let cred = |consumer: &str, id: &str, plugins: serde_json::Value| json!({"id": id, "consumer": consumer, "plugins": plugins});
+    let gw = Gw::start(json!({
+        "routes": [
+            route("k", "/k", &o, json!({"key-auth": {}, "consumer-restriction": {"whitelist": ["jack"]}})),
+            route("b", "/b", &o, json!({"basic-auth": {}})),
+            route("j", "/j", &o, json!({"jwt-auth": {}})),
+            route("h", "/h", &o, json!({"hmac-auth": {}})),
+        ],
+        "consumers": [
+            consumer("jack", json!({})),
+            consumer("rose", json!({"key-auth": {"key": "rose-key"}})),
+        ],
+        "credentials": [
+            cred("jack", "c-key", json!({"key-auth": {"key": "jack-key"}})),
+            cred("jack", "c-key2", json!({"key-auth": {"key": "jack-key-2"}})),
+            cred("jack", "c-basic", json!({"basic-auth": {"username": "jb", "password": "pw"}})),
+            cred("jack", "c-jwt", json!({"jwt-auth": {"key": "jack-jwt", "secret": "jack-secret"}})),
+            cred("jack", "c-hmac", json!({"hmac-auth": {"key_id": "jack-hmac", "secret_key": "jack-hmac-secret"}})),
+            cred("ghost", "c-ghost", json!({"key-auth": {"key": "ghost-key"}})),
+        ]
+    }));
+    for key in ["jack-key", "jack-key-2"] {
+        let r = gw.get("/k", &[("apikey", key)]);
+        assert_eq!(r.status, 200, "{key}: {}", r.body);
+        assert_eq!(o.last().header("x-consumer-username"), Some("jack"));
+    }
+    // consumer-restriction judges the credential's consumer.
+    let r = gw.get("/k", &[("apikey", "rose-key")]);
+    assert_eq!(r.status, 403, "{}", r.body);
+    let r = gw.get("/k", &[("apikey", "ghost-key")]);
+    assert_eq!(
+        (r.status, r.json()),
+        (401, json!({"message": "Invalid API key in request"}))
+    );
+
+    // "jb:pw"
+    let r = gw.get("/b", &[("Authorization", "Basic amI6cHc=")]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(o.last().header("x-consumer-username"), Some("jack"));
+
+    let token = sign_hs256(
+        &json!({"key": "jack-jwt", "exp": now() + 600}),
+        "jack-secret",
+    );
+    let r = gw.get("/j", &[("Authorization", &token)]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(o.last().header("x-consumer-username"), Some("jack"));
+
+    let date = http_date(now());
+    let auth = sign(
+        "jack-hmac",
+        "jack-hmac-secret",
+        "hmac-sha256",
+        &[("@request-target", "GET /h")],
+    );
+    let r = gw.get("/h", &[("Date", &date), ("Authorization", &auth)]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(o.last().header("x-consumer-username"), Some("jack"));
 }
 
 #[test]

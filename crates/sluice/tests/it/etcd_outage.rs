@@ -18,7 +18,7 @@ use crate::support::process::{Mock, Sluice, TempDir};
 use crate::support::{free_port, Client};
 
 pub(crate) const ETCD: &str = "/usr/bin/etcd";
-const KEY: &str = "it-etcd-outage-key-0123456789";
+pub(crate) const KEY: &str = "it-etcd-outage-key-0123456789";
 
 pub(crate) struct Etcd {
     child: Option<Child>,

@@ -4,6 +4,7 @@
 //! real `sluice` binary for reload, shutdown and the seed. Benchmarks are not here (sluice-bench owns them).
 
 mod admin;
+mod admin_compat;
 mod balancer;
 mod bodies;
 mod connection;

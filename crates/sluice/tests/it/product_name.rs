@@ -1,6 +1,7 @@
 //! One product name on every answer the gateway writes itself (issue 11): the `Server` header and the HTML error
 //! page's footer of the proxy's own 404, 429 and 503 (plugin rejections with a bare status), 502 (upstream
-//! refused), and the Admin API's answers (200 and 401), all from the real binary.
+//! refused), and the Admin API's answers (200 and 401, whose `Server` also names the APISIX version implemented),
+//! all from the real binary.
 
 use crate::support::client::Response;
 use crate::support::process::{Mock, Sluice};
@@ -61,8 +62,18 @@ async fn server_header_and_error_pages_carry_one_product_name() {
             .collect();
         let statuses: Vec<u16> = answers.iter().map(|(_, r)| r.status).collect();
         assert_eq!(statuses, [404, 429, 503, 502, 200, 401], "{summary:#?}");
+        // The proxy says only its name; the Admin API puts its name first and then the APISIX version it
+        // implements, the token APISIX clients (ADC: `/APISIX\/(.*)/`) read the version from.
+        let admin_server = format!(
+            "{NAME}/{} APISIX/{}",
+            env!("CARGO_PKG_VERSION"),
+            sluice_admin::APISIX_VERSION
+        );
         for (what, r) in &answers {
-            assert_eq!(r.header("server"), Some(NAME), "{what}: Server header\n{}", r.raw_head);
+            let want = if what.starts_with("admin") { admin_server.as_str() } else { NAME };
+            assert_eq!(r.header("server"), Some(want), "{what}: Server header\n{}", r.raw_head);
+            let product = r.header("server").and_then(|s| s.split('/').next());
+            assert_eq!(product, Some(NAME), "{what}: one product name");
         }
         // The three HTML pages: two from the plugins' bare-status rejection, one from the proxy's 502.
         let footers: Vec<Option<String>> = answers[1..4].iter().map(|(_, r)| footer(r)).collect();
