@@ -58,7 +58,10 @@ const SNIFF: usize = 256;
 pub(crate) async fn sniff(stream: &TcpStream, t: Duration) -> Opening {
     let deadline = tokio::time::Instant::now() + t;
     let mut buf = [0u8; SNIFF];
-    // Bounded: at most one retry per millisecond until the deadline.
+    // `peek` cannot wait for *more* bytes, so a partial preface is re-checked on a timer. The pause doubles up to
+    // SNIFF_PAUSE_MAX: a client that stops mid-preface (a slowloris on h2c) costs a few wake-ups a second, not one
+    // per millisecond, until the deadline; real clients send the 24-byte preface in one segment.
+    let mut pause = Duration::from_millis(1);
     loop {
         let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
             Ok(Ok(n)) => n,
@@ -74,8 +77,15 @@ pub(crate) async fn sniff(stream: &TcpStream, t: Duration) -> Opening {
         if tokio::time::Instant::now() >= deadline {
             return Opening::Http1;
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(pause).await;
+        pause = next_pause(pause);
     }
+}
+
+const SNIFF_PAUSE_MAX: Duration = Duration::from_millis(64);
+
+fn next_pause(p: Duration) -> Duration {
+    (p * 2).min(SNIFF_PAUSE_MAX)
 }
 
 /// `Neither` only for a whole first line of exactly three tokens whose last does not start with `HTTP/` (any

@@ -1,6 +1,8 @@
 //! How the dual-protocol port classifies a connection's opening bytes.
 
-use super::{classify_line, Opening};
+use std::time::Duration;
+
+use super::{classify_line, next_pause, Opening, SNIFF_PAUSE_MAX};
 
 #[test]
 fn only_a_first_line_with_a_non_http_version_token_is_neither() {
@@ -26,4 +28,19 @@ fn only_a_first_line_with_a_non_http_version_token_is_neither() {
             String::from_utf8_lossy(http1)
         );
     }
+}
+
+#[test]
+fn partial_preface_rechecks_back_off_to_a_bounded_rate() {
+    let mut p = Duration::from_millis(1);
+    let mut waited = p;
+    let mut checks = 1;
+    // A client that stops mid-preface is re-checked until the header deadline: count the checks in 60 s.
+    while waited < Duration::from_secs(60) {
+        p = next_pause(p);
+        waited += p;
+        checks += 1;
+    }
+    assert_eq!(p, SNIFF_PAUSE_MAX);
+    assert!(checks < 1_000, "{checks} re-checks in 60 s");
 }
