@@ -12,11 +12,10 @@ use sluice_model::Resources;
 use sluice_plugins::registry;
 use sluice_store::embedded::EmbeddedStore;
 use sluice_store::kv::Store;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[path = "common/support.rs"]
 mod support;
-use support::Etcd;
+use support::{raw, Answer, Etcd};
 
 const KEY: &str = "k-admin-compat-0123456789";
 
@@ -93,53 +92,6 @@ async fn embedded(name: &str) -> Gw {
     std::fs::create_dir_all(&dir).unwrap();
     let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&dir.join("db.redb")).unwrap());
     serve(store, Some(dir)).await
-}
-
-struct Answer {
-    status: u16,
-    head: String,
-    body: Value,
-    raw_body: String,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.head.lines().skip(1).find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case(name).then(|| v.trim())
-        })
-    }
-}
-
-/// One request on its own connection, with the admin key unless `extra` carries its own headers.
-async fn raw(
-    addr: std::net::SocketAddr,
-    method: &str,
-    path: &str,
-    extra: &str,
-    body: &str,
-) -> Answer {
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(req.as_bytes()).await.expect("write");
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).await.expect("read");
-        String::from_utf8_lossy(&out).into_owned()
-    };
-    let text = tokio::time::timeout(Duration::from_secs(15), fut)
-        .await
-        .expect("answered within 15 s");
-    let (head, body) = text.split_once("\r\n\r\n").expect("head");
-    Answer {
-        status: head[9..12].parse().expect("status"),
-        head: head.to_owned(),
-        body: serde_json::from_str(body).unwrap_or(Value::Null),
-        raw_body: body.to_owned(),
-    }
 }
 
 async fn call(gw: &Gw, method: &str, path: &str, body: &str) -> Answer {

@@ -112,10 +112,39 @@ pub async fn http(
     path: &str,
     body: &str,
 ) -> (u16, Value) {
+    let a = raw(addr, method, path, "", body).await;
+    (a.status, a.body)
+}
+
+/// A whole answer: status, raw head, body as JSON (`Null` when it is not JSON) and as text.
+pub struct Answer {
+    pub status: u16,
+    pub head: String,
+    pub body: Value,
+    pub raw_body: String,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+/// One request on its own connection, with the header lines in `extra` (each ending in CRLF).
+pub async fn raw(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    extra: &str,
+    body: &str,
+) -> Answer {
     let fut = async {
         let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}Content-Length: {}\r\n\r\n{body}",
             body.len()
         );
         s.write_all(req.as_bytes()).await.expect("write");
@@ -127,8 +156,10 @@ pub async fn http(
         .await
         .expect("answered within 15 s");
     let (head, body) = text.split_once("\r\n\r\n").expect("head");
-    (
-        head[9..12].parse().expect("status"),
-        serde_json::from_str(body).unwrap_or(Value::Null),
-    )
+    Answer {
+        status: head[9..12].parse().expect("status"),
+        head: head.to_owned(),
+        body: serde_json::from_str(body).unwrap_or(Value::Null),
+        raw_body: body.to_owned(),
+    }
 }
