@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice_admin::{AdminConfig, AdminKey, AdminState, PluginCatalog, Role};
+use sluice_admin::{AdminConfig, AdminKey, AdminState, Role};
 use sluice_model::Resources;
 use sluice_plugins::registry;
 use sluice_store::embedded::EmbeddedStore;
@@ -15,32 +15,9 @@ use sluice_store::kv::Store;
 
 #[path = "common/support.rs"]
 mod support;
-use support::{raw, Answer, Etcd};
+use support::{raw, Answer, Etcd, Registry};
 
 const KEY: &str = "k-admin-compat-0123456789";
-
-struct Registry;
-
-impl PluginCatalog for Registry {
-    fn names(&self) -> Vec<String> {
-        registry::REGISTRY
-            .iter()
-            .map(|e| e.name.to_owned())
-            .collect()
-    }
-    fn schema(&self, name: &str) -> Option<Value> {
-        registry::find(name).map(|e| (e.schema)())
-    }
-    fn check(&self, name: &str, conf: &Value) -> Result<(), String> {
-        (registry::find(name).ok_or("unknown plugin")?.check)(conf)
-    }
-    fn is_auth(&self, name: &str) -> bool {
-        registry::find(name).is_some_and(|e| e.auth)
-    }
-    fn consumer_schema(&self, name: &str) -> Option<Value> {
-        registry::consumer_schema(name)
-    }
-}
 
 struct Gw {
     addr: std::net::SocketAddr,

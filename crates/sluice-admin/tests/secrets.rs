@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice_admin::{AdminConfig, AdminKey, AdminState, PluginCatalog, Role};
+use sluice_admin::{AdminConfig, AdminKey, AdminState, Role};
 use sluice_model::Resources;
 use sluice_plugins::registry;
 use sluice_secrets::{DataEncryption, Keyring};
@@ -19,34 +19,12 @@ use sluice_store::kv::Store;
 
 #[path = "common/support.rs"]
 mod support;
-use support::{http, Etcd};
+use support::{http, Etcd, Registry};
 
 const ADMIN: &str = "k-admin-secrets-0123456789";
 const VIEWER: &str = "k-viewer-secrets-0123456789";
 const K1: &str = "0123456789abcdef";
 const K2: &str = "fedcba9876543210fedcba9876543210";
-
-/// The binary's catalog: names, schemas and checks from the plugin registry.
-struct Registry;
-
-impl PluginCatalog for Registry {
-    fn names(&self) -> Vec<String> {
-        registry::REGISTRY
-            .iter()
-            .map(|e| e.name.to_owned())
-            .collect()
-    }
-    fn schema(&self, name: &str) -> Option<Value> {
-        registry::find(name).map(|e| (e.schema)())
-    }
-    fn check(&self, name: &str, conf: &Value) -> Result<(), String> {
-        registry::find(name).ok_or("unknown plugin")?;
-        (registry::find(name).unwrap().check)(conf)
-    }
-    fn is_auth(&self, name: &str) -> bool {
-        registry::find(name).is_some_and(|e| e.auth)
-    }
-}
 
 fn de(keys: &[&str]) -> Arc<DataEncryption> {
     Arc::new(DataEncryption::new(

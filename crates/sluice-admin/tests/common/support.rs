@@ -163,3 +163,29 @@ pub async fn raw(
         raw_body: body.to_owned(),
     }
 }
+
+/// The binary's catalog: names, schemas, checks and consumer schemas from the real plugin registry.
+pub struct Registry;
+
+impl sluice_admin::PluginCatalog for Registry {
+    fn names(&self) -> Vec<String> {
+        sluice_plugins::registry::REGISTRY
+            .iter()
+            .map(|e| e.name.to_owned())
+            .collect()
+    }
+    fn schema(&self, name: &str) -> Option<Value> {
+        sluice_plugins::registry::find(name).map(|e| (e.schema)())
+    }
+    fn check(&self, name: &str, conf: &Value) -> Result<(), String> {
+        (sluice_plugins::registry::find(name)
+            .ok_or("unknown plugin")?
+            .check)(conf)
+    }
+    fn is_auth(&self, name: &str) -> bool {
+        sluice_plugins::registry::find(name).is_some_and(|e| e.auth)
+    }
+    fn consumer_schema(&self, name: &str) -> Option<Value> {
+        sluice_plugins::registry::consumer_schema(name)
+    }
+}
