@@ -126,6 +126,11 @@ impl Transcoder {
         &self.path
     }
 
+    /// `max_resp_body_size`: the most of a unary response body that is decoded.
+    pub fn max_resp_body_size(&self) -> usize {
+        self.max_resp_body_size
+    }
+
     /// The `grpc-timeout` header value for the route's `deadline`, if any.
     pub fn grpc_timeout(&self) -> Option<&str> {
         self.grpc_timeout.as_deref()

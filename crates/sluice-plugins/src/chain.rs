@@ -37,6 +37,9 @@ pub struct CompileEnv<'a> {
     pub plugin_metadata: &'a [sluice_model::PluginMetadata],
     /// The snapshot's consumer credentials (APISIX 3.11+): more auth objects for their consumers.
     pub credentials: &'a [sluice_model::Credential],
+    /// The snapshot's proto resources (grpc-transcode), compiled on first use by [`CompileEnv::proto`].
+    pub protos: &'a [sluice_model::Proto],
+    compiled_protos: std::sync::Mutex<Vec<(String, Arc<sluice_grpc::ProtoSet>)>>,
 }
 
 impl<'a> CompileEnv<'a> {
@@ -54,7 +57,49 @@ impl<'a> CompileEnv<'a> {
             consumer_groups: &[],
             plugin_metadata: &[],
             credentials: &[],
+            protos: &[],
+            compiled_protos: Default::default(),
         }
+    }
+
+    /// Adds the snapshot's proto resources.
+    pub fn with_protos(mut self, protos: &'a [sluice_model::Proto]) -> Self {
+        self.protos = protos;
+        self
+    }
+
+    /// The proto resource `id`, compiled (once per snapshot). Its imports resolve against the other proto
+    /// resources by `name`, as the Admin API's check does.
+    pub fn proto(&self, id: &str) -> Result<Arc<sluice_grpc::ProtoSet>, String> {
+        if let Some((_, p)) = self
+            .compiled_protos
+            .lock()
+            .map_err(|_| "proto cache poisoned".to_owned())?
+            .iter()
+            .find(|(k, _)| k == id)
+        {
+            return Ok(p.clone());
+        }
+        let p = self
+            .protos
+            .iter()
+            .find(|p| p.id.0 == id)
+            .ok_or_else(|| format!("failed to fetch proto by id: {id}"))?;
+        let name = p.name.clone().unwrap_or_else(|| id.to_owned());
+        let resolver = |import: &str| {
+            self.protos
+                .iter()
+                .find(|o| o.name.as_deref() == Some(import))
+                .map(|o| o.content.clone())
+        };
+        let set = Arc::new(
+            sluice_grpc::compile(&name, &p.content, resolver)
+                .map_err(|e| format!("proto {id}: {}", e.0))?,
+        );
+        if let Ok(mut cache) = self.compiled_protos.lock() {
+            cache.push((id.to_owned(), set.clone()));
+        }
+        Ok(set)
     }
 
     /// Adds the snapshot's consumer credentials (absent, only consumers' own auth objects identify them).
@@ -283,8 +328,25 @@ impl Chain {
     /// asks for a delay ([`Ctx::add_delay`]) pauses the run: it returns `Flow::Continue` with [`Ctx::paused`]
     /// set, the proxy sleeps the delay, and the next call resumes after that hook (hook positions up to
     /// `ctx.resume` are skipped), so later plugins run after the wait, as after APISIX's `ngx.sleep` in a hook.
+    ///
+    /// A hook that starts IO ([`Ctx::await_io`]) pauses the run the same way; the proxy awaits the IO and hands its
+    /// result back with [`Ctx::resume_with`], and this call applies it (as part of that hook: its answer ends the
+    /// request phases, with the hook's `_meta.error_response`) before going on with the next hook.
     pub fn run_request(&self, ctx: &mut Ctx<'_>) -> Flow {
         let resume = std::mem::take(&mut ctx.resume);
+        if let Some(apply) = ctx.io.resume.take() {
+            let error_response = ctx.io.error_response.take();
+            if let Flow::Respond(mut r) = apply(ctx) {
+                if let Some(body) = error_response {
+                    r.body = body;
+                }
+                tracing::debug!(
+                    status = r.status,
+                    "plugin exits with http status code after IO"
+                );
+                return Flow::Respond(r);
+            }
+        }
         let mut pos = 0u32;
         if self.mask.has(Phase::Rewrite) {
             for s in &self.slots {
@@ -295,8 +357,7 @@ impl Chain {
                 if let Flow::Respond(r) = s.plugin.rewrite(ctx) {
                     return respond(s, r);
                 }
-                if !ctx.delay.is_zero() {
-                    ctx.resume = pos;
+                if pauses(s, ctx, pos) {
                     return Flow::Continue;
                 }
             }
@@ -319,8 +380,7 @@ impl Chain {
                 if let Flow::Respond(r) = s.plugin.rewrite(ctx) {
                     return respond(s, r);
                 }
-                if !ctx.delay.is_zero() {
-                    ctx.resume = pos;
+                if pauses(s, ctx, pos) {
                     return Flow::Continue;
                 }
             }
@@ -348,8 +408,7 @@ impl Chain {
                     out = Some(respond(s, r));
                     return false;
                 }
-                if !ctx.delay.is_zero() {
-                    ctx.resume = pos;
+                if pauses(s, ctx, pos) {
                     out = Some(Flow::Continue);
                     return false;
                 }
@@ -418,6 +477,17 @@ impl Chain {
             true
         });
     }
+}
+
+/// Whether the hook just run asked the proxy to wait (a delay or IO): the run stops after position `pos`.
+fn pauses(s: &Slot, ctx: &mut Ctx<'_>, pos: u32) -> bool {
+    if ctx.has_effect() {
+        ctx.io.error_response = s.error_response.clone();
+    } else if ctx.delay.is_zero() {
+        return false;
+    }
+    ctx.resume = pos;
+    true
 }
 
 /// Applies `_meta.error_response` to a plugin's own response.

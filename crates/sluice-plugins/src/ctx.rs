@@ -24,6 +24,8 @@ pub struct Edits {
     pub method: Option<Bytes>,
     /// A new Host header value, overriding `pass_host`.
     pub host: Option<Bytes>,
+    /// A new request body (see [`Ctx::replace_body`]); not part of [`Edits::is_empty`], which is about the head.
+    pub body: Option<Bytes>,
 }
 
 impl Edits {
@@ -58,6 +60,12 @@ pub struct RespEdits {
     pub status: Option<u16>,
     /// A plugin will change the body (see [`RespEdits::clear_header_as_body_modified`]): the proxy re-frames it.
     pub body_modified: bool,
+    /// Set in header_filter: the head waits for the end of the body, so a body_filter at eof may still change the
+    /// status and headers (grpc-transcode maps a `grpc-status` trailer to the HTTP status). The body is then
+    /// collected whole and framed by its length; the plugin bounds it.
+    pub hold_head: bool,
+    /// Set by a filter: the upstream's trailers are not passed on (grpc-web carries them in the body).
+    pub drop_trailers: bool,
 }
 
 impl RespEdits {
@@ -123,6 +131,8 @@ pub struct Ctx<'a> {
     pub(crate) upstream: Option<u32>,
     /// A copy of the request proxy-mirror asks the proxy to send.
     pub(crate) mirror: Option<crate::proxy_mirror::Mirror>,
+    /// IO a hook started and the proxy awaits (see [`crate::effect`]).
+    pub(crate) io: crate::effect::Pending,
 }
 
 impl<'a> Ctx<'a> {
@@ -145,7 +155,14 @@ impl<'a> Ctx<'a> {
             resume: 0,
             upstream: None,
             mirror: None,
+            io: Default::default(),
         }
+    }
+
+    /// Replaces the request body sent upstream (the proxy frames it with a Content-Length). The client's body is
+    /// read whole first and discarded; a plugin that transforms it asks for it with [`crate::Plugin::needs_body`].
+    pub fn replace_body(&mut self, body: Bytes) {
+        self.edits.body = Some(body);
     }
 
     /// Sends the request to the route chain's `i`-th plugin upstream (`None`: the route's own upstream).

@@ -50,6 +50,8 @@ pub(crate) struct RespState {
     ended: bool,
     /// The body as sent (before gzip), kept for loggers' `include_resp_body`.
     captured: Option<bytes::BytesMut>,
+    /// The upstream's trailers, handed over before the eof body_filter call (h2 and gRPC upstreams).
+    trailers: Vec<(Bytes, Bytes)>,
 }
 
 /// Bodies larger than this are truncated in log entries (APISIX logs what it collected; an unbounded body would
@@ -221,6 +223,25 @@ impl Ctx<'_> {
             Some(t) => t,
             None => unreachable!("body state slot holds a different type"),
         }
+    }
+
+    /// Hands the upstream's trailers to the plugins; the proxy calls it before the eof body_filter call.
+    pub fn set_upstream_trailers(&mut self, trailers: Vec<(Bytes, Bytes)>) {
+        self.out.trailers = trailers;
+    }
+
+    /// The upstream's trailers (empty until the body ended, and for upstreams that sent none).
+    pub fn upstream_trailers(&self) -> &[(Bytes, Bytes)] {
+        &self.out.trailers
+    }
+
+    /// One upstream trailer by lower-case name.
+    pub fn upstream_trailer(&self, lower_name: &str) -> Option<&[u8]> {
+        self.out
+            .trailers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(lower_name.as_bytes()))
+            .map(|(_, v)| &v[..])
     }
 
     /// The response body as sent (before gzip, up to [`CAPTURE_LIMIT`] bytes), when a logger of the route asked

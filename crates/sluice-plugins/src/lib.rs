@@ -15,6 +15,7 @@ pub mod consumers;
 mod counters;
 mod ctx;
 mod ctx_view;
+pub mod effect;
 mod filters;
 pub mod registry;
 mod shared;
@@ -26,6 +27,7 @@ mod cors;
 mod echo;
 mod fault_injection;
 mod file_logger;
+mod grpc_transcode;
 mod gzip;
 pub mod hmac_auth;
 mod http_logger;
@@ -52,6 +54,7 @@ mod ua_restriction;
 pub use chain::{Chain, CompileEnv, Shared};
 pub use ctx::{Ctx, Edits, LogInfo, RespEdits, RouteMeta};
 pub use ctx_view::ReqView;
+pub use effect::{Effect, Resume};
 pub use filters::{body_ended, body_filters, filters_body, header_filters, BodyChunk};
 pub use prometheus::serve_metrics;
 pub use proxy_mirror::Mirror;
@@ -131,7 +134,8 @@ impl Response {
 }
 
 /// A compiled plugin instance: one per plugin per route (or global rule), built when the configuration changes.
-/// Hooks are synchronous: a plugin that needs IO (Redis, HTTP) does it off the request path or batches it.
+/// Hooks are synchronous: a request-phase hook that needs IO hands it to the proxy with [`Ctx::await_io`] (the
+/// chain resumes when it completes); other phases do IO off the request path or batch it.
 pub trait Plugin: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     fn priority(&self) -> i32;

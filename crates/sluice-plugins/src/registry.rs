@@ -47,6 +47,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::traffic_split::ENTRY,
     crate::redirect::ENTRY,
     crate::response_rewrite::ENTRY,
+    crate::grpc_transcode::ENTRY,
     crate::prometheus::ENTRY,
     crate::echo::ENTRY,
     crate::http_logger::ENTRY,

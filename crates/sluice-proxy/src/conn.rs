@@ -59,6 +59,8 @@ pub(crate) struct Conn<S> {
     sent: Sent,
     /// The current request's upstream attempts, for the access log (reused across requests).
     tries: Vec<Try>,
+    /// How many bytes at the front of `rbuf` are the body read for the plugins (as it will be forwarded).
+    buffered_body: usize,
 }
 
 /// The response the client got: status, bytes on the wire, bytes of body.
@@ -162,6 +164,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             h2: false,
             sent: Sent::default(),
             tries: Vec::new(),
+            buffered_body: 0,
         }
     }
 
@@ -495,30 +498,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         };
         let req_start = Instant::now();
         if let Some(ctx) = pctx.as_mut() {
-            let mut answer = None;
-            'chains: for chain in chains.iter().flatten() {
-                loop {
-                    let flow = chain.run_request(ctx);
-                    // A hook that asked for a delay (limit-req, limit-conn, fault-injection) paused the run: sleep
-                    // here without blocking the thread, then resume after that hook, as APISIX's `ngx.sleep`.
-                    let delay = ctx.take_delay();
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
-                    }
-                    match flow {
-                        Flow::Respond(r) => {
-                            answer = Some(r);
-                            break 'chains;
-                        }
-                        Flow::Continue if ctx.paused() => {}
-                        Flow::Continue => break,
-                    }
-                }
-            }
-            if let Some(r) = answer {
+            if let Some(r) = self.request_phases(&chains, ctx).await? {
                 return self.respond_plugin(head, r, ctx, &chains, req_start).await;
             }
         }
+        // A plugin's replacement body (grpc-transcode's message, grpc-web's decoded frames) goes upstream instead
+        // of the client's, framed by its length.
+        let replaced;
+        let head = match pctx.as_mut().and_then(|c| c.edits.body.take()) {
+            None => head,
+            Some(body) => match self.swap_body(head, req_body.is_some(), body).await {
+                Ok(h) => {
+                    replaced = h;
+                    &replaced
+                }
+                Err(e) => return self.refuse(head, &e).await,
+            },
+        };
         // Plugin decisions on the way upstream (one branch on the no-plugin path): a copy for a mirror
         // (proxy-mirror), another upstream (traffic-split: the route's sibling with that upstream).
         let route = match pctx.as_mut() {
@@ -748,18 +744,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let started = Instant::now();
         let chains = [Some(global), None];
         let mut ctx = Ctx::new(view, "");
-        let answer = loop {
-            let flow = global.run_request(&mut ctx);
-            let delay = ctx.take_delay();
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            match flow {
-                Flow::Respond(r) => break Some(r),
-                Flow::Continue if ctx.paused() => {}
-                Flow::Continue => break None,
-            }
-        };
+        let answer = self.request_phases(&chains, &mut ctx).await?;
         let r = answer.unwrap_or_else(|| {
             let nf = synthetic(&Error::downstream(Kind::NoRoute, "no route"));
             let (status, body) = nf.map_or((404, Default::default()), |s| (s.status, s.body));
@@ -774,6 +759,67 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         });
         self.respond_plugin(head, r, &mut ctx, &chains, started)
             .await
+    }
+
+    /// Runs the chains' request phases (global rules first). A hook that asked for a delay (limit-req, limit-conn,
+    /// fault-injection) or started IO (`Ctx::await_io`) paused its chain: the wait happens here without blocking
+    /// the thread, then the chain resumes after that hook. `Some`: a plugin answered.
+    async fn request_phases(
+        &mut self,
+        chains: &[Option<&Chain>; 2],
+        ctx: &mut Ctx<'_>,
+    ) -> Result<Option<Response>, Error> {
+        for chain in chains.iter().flatten() {
+            loop {
+                let flow = chain.run_request(ctx);
+                let delay = ctx.take_delay();
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                if let Some(effect) = ctx.take_effect() {
+                    match self.await_effect(effect).await? {
+                        Ok(resume) => ctx.resume_with(resume),
+                        Err(r) => return Ok(Some(ctx.effect_failed(r))),
+                    }
+                }
+                match flow {
+                    Flow::Respond(r) => return Ok(Some(r)),
+                    Flow::Continue if ctx.paused() => {}
+                    Flow::Continue => break,
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Awaits a plugin's IO while watching the client: a client that closes its connection cancels the IO (the
+    /// future is dropped) and the request ends as nginx's 499. Bytes the client sends meanwhile (its body, a
+    /// pipelined request) are kept for later, up to one buffer's worth; past that the client is no longer watched.
+    async fn await_effect(
+        &mut self,
+        effect: sluice_plugins::Effect,
+    ) -> Result<Result<sluice_plugins::Resume, Response>, Error> {
+        let run = effect.run();
+        tokio::pin!(run);
+        let mut watching = true;
+        loop {
+            if !watching {
+                return Ok(run.await);
+            }
+            self.rbuf.reserve(BUF_SIZE / 2);
+            tokio::select! {
+                r = &mut run => return Ok(r),
+                n = self.io.read_buf(&mut self.rbuf) => match n {
+                    Ok(0) | Err(_) => {
+                        return Err(Error::downstream(
+                            Kind::ClientClosed,
+                            "client closed while a plugin's IO was in flight",
+                        ))
+                    }
+                    Ok(_) => watching = self.rbuf.len() < 4 * BUF_SIZE,
+                },
+            }
+        }
     }
 
     /// Answers without contacting an upstream. An unread request body means the connection must close.

@@ -62,6 +62,7 @@ pub(crate) fn request_head(
     let tokens = connection_tokens(&head.buf, &head.headers);
     let mut xff: Option<(usize, usize)> = None; // where the joined X-Forwarded-For value goes
     let (mut has_xfp, mut has_xfh, mut has_xfport, mut wrote_host) = (false, false, false, false);
+    let mut wrote_length = false;
     for h in &head.headers {
         let name = head.slice(h.name);
         let value = head.slice(h.value);
@@ -75,9 +76,16 @@ pub(crate) fn request_head(
                 }
                 continue;
             }
-            // Only present when the body is length-framed (CL with TE is refused by the parser).
+            // Only present when the body is length-framed (CL with TE is refused by the parser). The length goes
+            // out as decided (a plugin's replacement body has its own).
             14 if name.eq_ignore_ascii_case(b"content-length") => {
-                put_header(out, name, value);
+                match head.body {
+                    BodyKind::Length(n) => {
+                        put_header(out, name, fmt_u64(n, &mut itoa_buf()));
+                    }
+                    _ => put_header(out, name, value),
+                }
+                wrote_length = true;
                 continue;
             }
             _ => {}
@@ -139,8 +147,13 @@ pub(crate) fn request_head(
     if !has_xfport {
         put_header(out, b"X-Forwarded-Port", info.server_port);
     }
-    if head.body == BodyKind::Chunked {
-        out.put_slice(b"Transfer-Encoding: chunked\r\n");
+    match head.body {
+        BodyKind::Chunked => out.put_slice(b"Transfer-Encoding: chunked\r\n"),
+        // A body that was chunked (or absent) from the client and replaced by a plugin.
+        BodyKind::Length(n) if !wrote_length => {
+            put_header(out, b"Content-Length", fmt_u64(n, &mut itoa_buf()))
+        }
+        _ => {}
     }
     out.put_slice(b"\r\n");
 }

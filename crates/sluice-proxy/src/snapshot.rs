@@ -218,7 +218,8 @@ impl Snapshot {
 
         let env = CompileEnv::new(shared, &res.consumers, None)
             .with_groups_and_metadata(&res.consumer_groups, &res.plugin_metadata)
-            .with_credentials(&res.credentials);
+            .with_credentials(&res.credentials)
+            .with_protos(&res.protos);
         let mut global_plugins = serde_json::Map::new();
         for g in &res.global_rules {
             global_plugins.extend(g.plugins.iter().map(|(k, v)| (k.clone(), v.clone())));

@@ -1,7 +1,7 @@
 //! Reading a request body whole before the request phases, for plugins that inspect it (request-validation's
 //! `body_schema`; see `sluice_plugins::Plugin::needs_body`). The body stays in the connection's read buffer (a
 //! chunked one re-framed as a single chunk, trailers dropped), so the forward then sends it exactly as it streams
-//! any body; the plugins get one copy. Only routes whose chains ask for the body come here: every other route
+//! any body; the plugins get one copy. A plugin's replacement body takes its place there (`swap_body`). Only routes whose chains ask for the body come here: every other route
 //! keeps streaming. Not here: the size check of a `Content-Length` body (done before routing).
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -51,6 +51,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                         }
                     }
                 }
+                self.buffered_body = n;
                 Ok(Bytes::copy_from_slice(&self.rbuf[..n]))
             }
             BodyKind::Chunked => {
@@ -81,11 +82,40 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     framed.put_slice(b"\r\n");
                 }
                 framed.put_slice(b"0\r\n\r\n");
+                self.buffered_body = framed.len();
                 framed.put_slice(&self.rbuf);
                 self.rbuf = framed;
                 Ok(Bytes::from(body))
             }
-            _ => Ok(Bytes::new()),
+            _ => {
+                self.buffered_body = 0;
+                Ok(Bytes::new())
+            }
         }
+    }
+
+    /// Puts a plugin's replacement body where the client's was at the front of the read buffer (reading and
+    /// dropping the client's first if no plugin had it read), and returns the head to forward it with: framed by
+    /// the new length, no `Expect`.
+    pub(super) async fn swap_body(
+        &mut self,
+        head: &RequestHead,
+        already_read: bool,
+        body: Bytes,
+    ) -> Result<RequestHead, Error> {
+        if !already_read {
+            self.read_body_for_plugins(head).await?;
+        }
+        let skip = std::mem::take(&mut self.buffered_body);
+        let rest = self.rbuf.split_off(skip.min(self.rbuf.len()));
+        let mut buf = BytesMut::with_capacity(body.len() + rest.len().max(super::BUF_SIZE));
+        buf.put_slice(&body);
+        buf.put_slice(&rest);
+        self.rbuf = buf;
+        Ok(RequestHead {
+            body: BodyKind::Length(body.len() as u64),
+            expect_continue: false,
+            ..head.clone()
+        })
     }
 }

@@ -7,8 +7,9 @@
 //! downstream stream. The request body and its chunked trailers go out as DATA and a trailers HEADERS frame,
 //! concurrently with the response coming back. The response head goes through the plugins' header_filter and their
 //! header edits, then downstream as HTTP/1.1: with the upstream's Content-Length when it sent one, else chunked with
-//! its trailers (gRPC's `grpc-status` / `grpc-message`), or close-delimited to an HTTP/1.0 client. Body filters are
-//! not run on this path.
+//! its trailers (gRPC's `grpc-status` / `grpc-message`), or close-delimited to an HTTP/1.0 client. On routes with
+//! plugins the head is handed to them as an HTTP/1.1 head, body_filter runs on each DATA frame and the trailers
+//! reach them before the eof call (`write_filtered`).
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -170,10 +171,14 @@ fn request(
             headers.append(n, v);
         }
     }
-    // gRPC requires `te: trailers` end to end; it is hop-by-hop in HTTP/1.1, so it is re-added here.
+    // gRPC requires `te: trailers` end to end; it is hop-by-hop in HTTP/1.1, so it is re-added here (also for a
+    // request a plugin turned into gRPC: grpc-transcode, grpc-web).
     if head
         .header("te")
         .is_some_and(|v| v.eq_ignore_ascii_case(b"trailers"))
+        || fwd
+            .header("content-type")
+            .is_some_and(|v| v.starts_with(b"application/grpc"))
     {
         headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
     }
@@ -355,15 +360,10 @@ async fn write_response<W: AsyncWrite + Unpin>(
 ) -> Result<Written, Failed> {
     let (parts, mut body) = resp.into_parts();
     let status = parts.status.as_u16();
-    let edits: Option<&RespEdits> = match filter {
-        Some(f) => {
-            for chain in f.chains.iter().flatten() {
-                chain.header_filter(f.ctx, status);
-            }
-            Some(&f.ctx.resp).filter(|e| !e.is_empty())
-        }
-        None => None,
-    };
+    if let Some(f) = filter {
+        return write_filtered(wr, parts, body, down, f, t).await;
+    }
+    let edits: Option<&RespEdits> = None;
     let has_length = parts.headers.contains_key(http::header::CONTENT_LENGTH);
     let framing = if down.head_only || status == 204 || status == 304 {
         Framing::None
@@ -485,6 +485,250 @@ async fn write_response<W: AsyncWrite + Unpin>(
     }
     wr.write_all(&out).await.map_err(down)?;
     wr.flush().await.map_err(down)?;
+    Ok(Written {
+        status,
+        sent_status,
+        bytes: total,
+        close,
+    })
+}
+
+/// The h2 response head as an HTTP/1.1 one, so plugins read it as they read an HTTP/1.1 upstream's.
+fn h1_head(parts: &http::response::Parts) -> Result<sluice_http::ResponseHead, Failed> {
+    let mut buf = BytesMut::with_capacity(256);
+    buf.put_slice(b"HTTP/1.1 ");
+    let mut code = crate::forward::itoa_buf();
+    buf.put_slice(crate::forward::fmt_u16(parts.status.as_u16(), &mut code));
+    buf.put_slice(b" \r\n");
+    for (n, v) in &parts.headers {
+        put(&mut buf, n.as_str().as_bytes(), v.as_bytes());
+    }
+    buf.put_slice(b"\r\n");
+    let limits = sluice_http::Limits {
+        max_headers: parts.headers.len() + 8,
+        max_head_bytes: buf.len() + 1,
+        max_uri_bytes: 1,
+    };
+    match sluice_http::parse_response(&mut buf, &limits, false) {
+        Ok(Some(h)) => Ok(h),
+        Ok(None) | Err(_) => Err((
+            Error::upstream(
+                Kind::UpstreamProtocol,
+                "h2 response head not valid as HTTP/1.1",
+            ),
+            Progress::Sent,
+        )),
+    }
+}
+
+/// The response head for the client from the h2 head and the plugins' edits. `length`: the body's length when it
+/// was collected whole (a held head), replacing the upstream's.
+fn put_head(
+    out: &mut BytesMut,
+    status: u16,
+    headers: &http::HeaderMap,
+    edits: &RespEdits,
+    framing: Framing,
+    length: Option<u64>,
+) {
+    let sent_status = edits.status.unwrap_or(status);
+    out.put_slice(b"HTTP/1.1 ");
+    let mut code = crate::forward::itoa_buf();
+    out.put_slice(crate::forward::fmt_u16(sent_status, &mut code));
+    out.put_u8(b' ');
+    out.put_slice(sluice_http::status_reason(sent_status).as_bytes());
+    out.put_slice(b"\r\n");
+    for (n, v) in headers {
+        if n == http::header::CONTENT_LENGTH {
+            if framing == Framing::Length && length.is_none() {
+                put(out, n.as_str().as_bytes(), v.as_bytes());
+            }
+            continue;
+        }
+        if !edits.drops(n.as_str().as_bytes()) {
+            put(out, n.as_str().as_bytes(), v.as_bytes());
+        }
+    }
+    for (n, v) in edits.set_headers.iter().chain(&edits.add_headers) {
+        if !crate::forward::is_owned_response_field(n) {
+            put(out, n, v);
+        }
+    }
+    match framing {
+        Framing::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::Close => out.put_slice(b"connection: close\r\n"),
+        Framing::Length => {
+            if let Some(l) = length {
+                let mut n = crate::forward::itoa_buf();
+                put(out, b"content-length", crate::forward::fmt_u64(l, &mut n));
+            }
+        }
+        Framing::None => {}
+    }
+    out.put_slice(b"\r\n");
+}
+
+/// Writes the h2 response through the plugins: header_filter on the head (as an HTTP/1.1 head), body_filter on
+/// each DATA frame, the trailers handed over before the eof call. A re-framed body goes out chunked (or
+/// close-delimited to HTTP/1.0); a held head (`RespEdits::hold_head`) waits for the whole filtered body and frames
+/// it by its length. Trailers follow a chunked body unless a filter dropped them.
+async fn write_filtered<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    parts: http::response::Parts,
+    mut body: ::h2::RecvStream,
+    down: Downstream,
+    f: RespFilter<'_, '_>,
+    t: Duration,
+) -> Result<Written, Failed> {
+    let (ctx, chains) = (f.ctx, f.chains);
+    let status = parts.status.as_u16();
+    ctx.set_upstream_head(h1_head(&parts)?);
+    sluice_plugins::header_filters(chains, ctx, status);
+    let no_body = down.head_only || status == 204 || status == 304;
+    let filtering = !no_body && sluice_plugins::filters_body(chains, ctx);
+    let hold = filtering && ctx.resp.hold_head;
+    let has_length = parts.headers.contains_key(http::header::CONTENT_LENGTH)
+        && !(filtering && ctx.resp.body_modified);
+    let framing = if no_body {
+        Framing::None
+    } else if hold || has_length {
+        Framing::Length
+    } else if down.http10 {
+        Framing::Close
+    } else {
+        Framing::Chunked
+    };
+    let sent_status = ctx.resp.status.unwrap_or(status);
+    let close = framing == Framing::Close;
+    let down_err = |e: std::io::Error| {
+        let e = Error::downstream(Kind::ClientClosed, e.to_string());
+        (e, Progress::Responding)
+    };
+    let up_err = |what: &str, e: ::h2::Error| {
+        let e = Error::upstream(Kind::UpstreamIo, format!("h2 {what}: {e}"));
+        (e, Progress::Responding)
+    };
+    let mut out = BytesMut::with_capacity(512);
+    if !hold {
+        put_head(&mut out, status, &parts.headers, &ctx.resp, framing, None);
+    }
+    let mut total = out.len() as u64;
+    if framing == Framing::None {
+        wr.write_all(&out).await.map_err(down_err)?;
+        wr.flush().await.map_err(down_err)?;
+        return Ok(Written {
+            status,
+            sent_status,
+            bytes: total,
+            close,
+        });
+    }
+    let mut held = BytesMut::new();
+    let mut ended = false;
+    // As in `write_response`: what is ready leaves together, a frame not there yet flushes what is waiting.
+    loop {
+        let ready = std::future::poll_fn(|cx| std::task::Poll::Ready(body.poll_data(cx))).await;
+        let next = match ready {
+            std::task::Poll::Ready(next) => next,
+            std::task::Poll::Pending => {
+                if !out.is_empty() {
+                    wr.write_all(&out).await.map_err(down_err)?;
+                    wr.flush().await.map_err(down_err)?;
+                    out.clear();
+                }
+                tokio::time::timeout(t, body.data()).await.map_err(|_| {
+                    let e = Error::upstream(Kind::UpstreamTimeout, "upstream body timed out");
+                    (e, Progress::Responding)
+                })?
+            }
+        };
+        let mut chunk = match next {
+            None => {
+                let trailers = body.trailers().await.map_err(|e| up_err("trailers", e))?;
+                let list = trailers
+                    .iter()
+                    .flatten()
+                    .map(|(n, v)| {
+                        (
+                            Bytes::copy_from_slice(n.as_str().as_bytes()),
+                            Bytes::copy_from_slice(v.as_bytes()),
+                        )
+                    })
+                    .collect();
+                ctx.set_upstream_trailers(list);
+                sluice_plugins::BodyChunk {
+                    data: Bytes::new(),
+                    eof: true,
+                }
+            }
+            Some(d) => {
+                let d = d.map_err(|e| up_err("body", e))?;
+                let _ = body.flow_control().release_capacity(d.len());
+                sluice_plugins::BodyChunk {
+                    data: d,
+                    eof: false,
+                }
+            }
+        };
+        let last = chunk.eof;
+        if filtering {
+            sluice_plugins::body_filters(chains, ctx, &mut chunk);
+        }
+        let d = &chunk.data;
+        if hold {
+            held.put_slice(d);
+        } else if !d.is_empty() {
+            let before = out.len();
+            if framing == Framing::Chunked {
+                sluice_http::encode_chunk_header(d.len(), &mut out);
+                out.put_slice(d);
+                out.put_slice(b"\r\n");
+            } else {
+                out.put_slice(d);
+            }
+            total += (out.len() - before) as u64;
+            if out.len() >= 64 * 1024 {
+                wr.write_all(&out).await.map_err(down_err)?;
+                out.clear();
+            }
+        }
+        if last {
+            break;
+        }
+        if chunk.eof {
+            // A filter ended the body: the rest of the stream is not read (dropping it resets it upstream).
+            ended = true;
+            break;
+        }
+    }
+    if hold {
+        put_head(
+            &mut out,
+            status,
+            &parts.headers,
+            &ctx.resp,
+            framing,
+            Some(held.len() as u64),
+        );
+        out.put_slice(&held);
+        total += out.len() as u64;
+    }
+    let sent_status = ctx.resp.status.unwrap_or(status);
+    if framing == Framing::Chunked {
+        let before = out.len();
+        out.put_slice(b"0\r\n");
+        if !ended && !ctx.resp.drop_trailers {
+            for (n, v) in ctx.upstream_trailers() {
+                if !sluice_http::is_forbidden_trailer(n) {
+                    put(&mut out, n, v);
+                }
+            }
+        }
+        out.put_slice(b"\r\n");
+        total += (out.len() - before) as u64;
+    }
+    wr.write_all(&out).await.map_err(down_err)?;
+    wr.flush().await.map_err(down_err)?;
     Ok(Written {
         status,
         sent_status,

@@ -5,6 +5,7 @@
 mod ci;
 mod grpc;
 mod h2spec;
+mod transcode;
 mod upgrade;
 mod upstream;
 
