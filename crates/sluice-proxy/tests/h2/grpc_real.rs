@@ -720,3 +720,24 @@ fn grpc_real_client_reset_cancels_the_upstream_call() {
         "the client's RST_STREAM(CANCEL) must cancel the upstream call"
     );
 }
+
+/// The harness itself: a private peer set serves, and its servers are gone once it is dropped (the shared set
+/// ends the same way, by its stdin pipes closing when the test binary exits).
+#[test]
+fn grpc_peers_private_set_is_gone_after_drop() {
+    let Some(p) = grpc_peers::start() else { return };
+    let addrs = [p.py, p.go_greeter, p.route_guide];
+    for a in addrs {
+        assert!(
+            std::net::TcpStream::connect(a).is_ok(),
+            "{a} serves while the set lives"
+        );
+    }
+    drop(p);
+    for a in addrs {
+        assert!(
+            std::net::TcpStream::connect(a).is_err(),
+            "{a} still accepts after drop"
+        );
+    }
+}
