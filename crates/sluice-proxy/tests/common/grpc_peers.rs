@@ -8,7 +8,9 @@
 //! Include with `#[path = "../common/grpc_peers.rs"] mod grpc_peers;`; the including test binary must have the
 //! `ci` module (common/ci.rs) at its crate root. Everything is installed under `<target>/grpc-peers/`, each
 //! part behind a stamp of its inputs (a changed .proto regenerates the stubs, a changed go.mod rebuilds), under an
-//! exclusive `flock` so that test binaries asking at once install once.
+//! exclusive `flock` so that test binaries asking at once install once. Needs Go >= 1.25 (`go` on PATH, else
+//! /usr/local/go/bin/go) and `python3` with venv (`SLUICE_TEST_PYTHON` names another interpreter); pip and
+//! `go build` reach PyPI and the Go module proxy the first time.
 //!
 //! Lifetime: every server holds a pipe from this process on its stdin and dies when that pipe reaches end of file
 //! (the Python server watches stdin itself; each Go server runs under a small `sh` that kills it then). The pipe's
