@@ -14,7 +14,7 @@ BUILD_PKGS := protobuf-compiler libprotobuf-dev gcc libc6-dev ca-certificates
 RUN_PKGS := $(BUILD_PKGS) curl
 # The tests start real etcd and Redis servers, drive curl (with HTTP/2) and openssl, and kill processes; nginx,
 # HAProxy and wrk are for the side-by-side benchmark tests. Go (for h2spec) is installed by deps-go.
-TEST_PKGS := $(BUILD_PKGS) etcd-server redis-server nginx haproxy wrk nghttp2-client curl openssl procps util-linux
+TEST_PKGS := $(BUILD_PKGS) etcd-server redis-server nginx haproxy wrk nghttp2-client curl openssl procps util-linux python3-venv
 BENCH_PKGS := $(BUILD_PKGS) nginx haproxy wrk nghttp2-client valgrind
 
 .PHONY: run test lint build bench deps-test deps-run deps-bench deps-go clean-data

@@ -4,6 +4,7 @@
 #[path = "../common/ci.rs"]
 mod ci;
 mod grpc;
+mod grpc_real;
 mod h2spec;
 mod transcode;
 mod upgrade;
