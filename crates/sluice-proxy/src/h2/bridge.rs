@@ -39,7 +39,7 @@ pub(super) async fn stream(
     let mut head = BytesMut::with_capacity(512);
     let chunked = request_head(&parts, body.is_end_stream(), &mut head);
     let (ours, theirs) = tokio::io::duplex(BRIDGE_BUF);
-    tokio::task::spawn_local(
+    let task = tokio::task::spawn_local(
         Conn::new(theirs, peer, local, scheme, w.clone())
             .for_h2_stream()
             .with_mtls_gate(gate)
@@ -59,10 +59,40 @@ pub(super) async fn stream(
     };
     let recv = relay_response(rd, &mut respond, is_head, &limits);
     tokio::select! {
-        r = recv => if r.is_err() {
-            respond.send_reset(h2::Reason::INTERNAL_ERROR);
+        r = recv => match r {
+            Ok(()) => {}
+            // The client reset the stream: the request is abandoned, so is the work for it (dropping the
+            // `Conn` drops its upstream call, which an h2 upstream sees as RST_STREAM CANCEL).
+            Err(Relay::Reset) => task.abort(),
+            Err(Relay::Failed) => respond.send_reset(h2::Reason::INTERNAL_ERROR),
         },
         _ = send => {}
+    }
+}
+
+/// Why relaying a response stopped early.
+enum Relay {
+    /// The client reset the stream.
+    Reset,
+    /// `Conn` wrote no valid response, or sending failed.
+    Failed,
+}
+
+impl From<()> for Relay {
+    fn from(_: ()) -> Self {
+        Relay::Failed
+    }
+}
+
+/// Reads more of `Conn`'s answer, unless the client resets the stream first. `Ok(0)`: `Conn` closed.
+async fn read_or_reset(
+    rd: &mut ReadHalf<DuplexStream>,
+    buf: &mut BytesMut,
+    mut reset: impl FnMut(&mut std::task::Context<'_>) -> std::task::Poll<Result<h2::Reason, h2::Error>>,
+) -> Result<usize, Relay> {
+    tokio::select! {
+        n = rd.read_buf(buf) => n.map_err(|_| Relay::Failed),
+        _ = std::future::poll_fn(|cx| reset(cx)) => Err(Relay::Reset),
     }
 }
 
@@ -166,18 +196,18 @@ async fn relay_response(
     respond: &mut SendResponse<Bytes>,
     is_head: bool,
     limits: &sluice_http::Limits,
-) -> Result<(), ()> {
+) -> Result<(), Relay> {
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let head = loop {
         match parse_response(&mut buf, limits, is_head) {
             Ok(Some(r)) if r.status >= 200 => break r,
             Ok(Some(_)) => continue,
             Ok(None) => {}
-            Err(_) => return Err(()),
+            Err(_) => return Err(Relay::Failed),
         }
         buf.reserve(4096);
-        if rd.read_buf(&mut buf).await.map_err(|_| ())? == 0 {
-            return Err(());
+        if read_or_reset(&mut rd, &mut buf, |cx| respond.poll_reset(cx)).await? == 0 {
+            return Err(Relay::Failed);
         }
     };
     let status = StatusCode::from_u16(head.status).map_err(|_| ())?;
@@ -201,8 +231,8 @@ async fn relay_response(
         BodyKind::Length(mut left) => loop {
             if buf.is_empty() {
                 buf.reserve(16 * 1024);
-                if rd.read_buf(&mut buf).await.map_err(|_| ())? == 0 {
-                    return Err(());
+                if read_or_reset(&mut rd, &mut buf, |cx| tx.poll_reset(cx)).await? == 0 {
+                    return Err(Relay::Failed);
                 }
             }
             let take = (buf.len() as u64).min(left) as usize;
@@ -217,17 +247,17 @@ async fn relay_response(
             loop {
                 match dec.decode(&mut buf).map_err(|_| ())? {
                     Some(Chunk::Data(d)) => send_data(&mut tx, d, false).await?,
-                    Some(Chunk::End { trailers }) => return finish(&mut tx, &trailers).await,
+                    Some(Chunk::End { trailers }) => return Ok(finish(&mut tx, &trailers).await?),
                     None => {
                         buf.reserve(16 * 1024);
-                        if rd.read_buf(&mut buf).await.map_err(|_| ())? == 0 {
-                            return Err(());
+                        if read_or_reset(&mut rd, &mut buf, |cx| tx.poll_reset(cx)).await? == 0 {
+                            return Err(Relay::Failed);
                         }
                     }
                 }
             }
         }
-        BodyKind::Eof => Err(()),
+        BodyKind::Eof => Err(Relay::Failed),
     }
 }
 
