@@ -133,6 +133,8 @@ pub struct Ctx<'a> {
     pub(crate) mirror: Option<crate::proxy_mirror::Mirror>,
     /// IO a hook started and the proxy awaits (see [`crate::effect`]).
     pub(crate) io: crate::effect::Pending,
+    /// The route's `:param` / `*name` captures, when it has any (ranges into `req.path()`).
+    pub(crate) params: Option<sluice_router::Params>,
 }
 
 impl<'a> Ctx<'a> {
@@ -156,7 +158,29 @@ impl<'a> Ctx<'a> {
             upstream: None,
             mirror: None,
             io: Default::default(),
+            params: None,
         }
+    }
+
+    /// Attaches the route's captures (the proxy copies them only for routes that captured something).
+    pub fn with_params(mut self, params: sluice_router::Params) -> Self {
+        self.params = Some(params);
+        self
+    }
+
+    /// A route capture by name (`:id` -> `param("id")`, `/*` -> `param(":ext")`... as the router names it).
+    pub fn param(&self, name: &str) -> Option<&str> {
+        let path = sluice_router::MatchRequest::path(self.req);
+        self.params.as_ref()?.get(name, path)
+    }
+
+    /// Every route capture as (name, value).
+    pub fn params(&self) -> impl Iterator<Item = (&str, &str)> {
+        let path = sluice_router::MatchRequest::path(self.req);
+        self.params
+            .iter()
+            .flat_map(|p| p.iter())
+            .filter_map(move |(n, r)| Some((n, path.get(r)?)))
     }
 
     /// Replaces the request body sent upstream (the proxy frames it with a Content-Length). The client's body is

@@ -28,6 +28,7 @@ mod echo;
 mod fault_injection;
 mod file_logger;
 mod grpc_transcode;
+mod grpc_web;
 mod gzip;
 pub mod hmac_auth;
 mod http_logger;

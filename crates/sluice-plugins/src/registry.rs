@@ -48,6 +48,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::redirect::ENTRY,
     crate::response_rewrite::ENTRY,
     crate::grpc_transcode::ENTRY,
+    crate::grpc_web::ENTRY,
     crate::prometheus::ENTRY,
     crate::echo::ENTRY,
     crate::http_logger::ENTRY,

@@ -488,7 +488,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             None
         };
         let mut pctx = if chains.iter().any(Option::is_some) {
-            let ctx = Ctx::new(&view, &route.id).with_route(&snap.route_meta[idx as usize]);
+            let mut ctx = Ctx::new(&view, &route.id).with_route(&snap.route_meta[idx as usize]);
+            if !self.params.is_empty() {
+                ctx = ctx.with_params(self.params.clone());
+            }
             Some(match &req_body {
                 Some(b) => ctx.with_body(b),
                 None => ctx,

@@ -4,7 +4,7 @@
 //! `grpc-status` / `grpc-message` / `grpc-status-details-bin`, deadlines and cancellation as the server saw them.
 
 #[path = "../common/grpc_peers.rs"]
-mod grpc_peers;
+pub(super) mod grpc_peers;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -80,13 +80,13 @@ struct SlowRequest {
 }
 
 #[derive(Clone, PartialEq, Message)]
-struct StatsReply {
+pub(super) struct StatsReply {
     #[prost(int32, tag = "1")]
-    completed: i32,
+    pub(super) completed: i32,
     #[prost(int32, tag = "2")]
-    cancelled: i32,
+    pub(super) cancelled: i32,
     #[prost(int32, tag = "3")]
-    calls: i32,
+    pub(super) calls: i32,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -190,7 +190,7 @@ struct FieldViolation {
     description: String,
 }
 
-fn peers() -> Option<&'static GrpcPeers> {
+pub(super) fn peers() -> Option<&'static GrpcPeers> {
     grpc_peers::shared()
 }
 
@@ -326,7 +326,7 @@ async fn call(
 }
 
 /// Kitchen.Stats for `key`, read directly from the Python peer (not through the gateway).
-async fn stats(py: SocketAddr, key: &str) -> StatsReply {
+pub(super) async fn stats(py: SocketAddr, key: &str) -> StatsReply {
     let c = connect(py).await;
     let r = call(
         &c,
@@ -340,7 +340,11 @@ async fn stats(py: SocketAddr, key: &str) -> StatsReply {
 }
 
 /// Polls Stats until `done` holds (bounded: the server notices a cancellation within a few ms).
-async fn stats_until(py: SocketAddr, key: &str, done: impl Fn(&StatsReply) -> bool) -> StatsReply {
+pub(super) async fn stats_until(
+    py: SocketAddr,
+    key: &str,
+    done: impl Fn(&StatsReply) -> bool,
+) -> StatsReply {
     let end = Instant::now() + Duration::from_secs(10);
     loop {
         let s = stats(py, key).await;

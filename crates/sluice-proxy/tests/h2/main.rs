@@ -7,6 +7,7 @@ mod grpc;
 mod grpc_real;
 mod h2spec;
 mod transcode;
+mod transcode_real;
 mod upgrade;
 mod upstream;
 

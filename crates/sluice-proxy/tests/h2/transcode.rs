@@ -174,7 +174,7 @@ fn config(origin: SocketAddr) -> serde_json::Value {
 
 /// One HTTP/1.1 request on a fresh connection: status, lower-cased headers, body (Content-Length or chunked), and
 /// when the first body byte arrived.
-fn http1(addr: SocketAddr, req: &str) -> (u16, Vec<(String, String)>, Vec<u8>, Instant) {
+pub(super) fn http1(addr: SocketAddr, req: &str) -> (u16, Vec<(String, String)>, Vec<u8>, Instant) {
     let mut c = std::net::TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     c.write_all(req.as_bytes()).unwrap();
@@ -244,11 +244,11 @@ fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
-fn header<'h>(hs: &'h [(String, String)], name: &str) -> Option<&'h str> {
+pub(super) fn header<'h>(hs: &'h [(String, String)], name: &str) -> Option<&'h str> {
     hs.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
 }
 
-fn json_body(b: &[u8]) -> serde_json::Value {
+pub(super) fn json_body(b: &[u8]) -> serde_json::Value {
     serde_json::from_slice(b).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(b)))
 }
 
