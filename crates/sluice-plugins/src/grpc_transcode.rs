@@ -228,6 +228,50 @@ impl GrpcTranscode {
     }
 }
 
+impl GrpcTranscode {
+    /// The request message, framed, and the binding it was built for; `Err`: the answer instead.
+    fn encode(&self, ctx: &Ctx<'_>) -> Result<(usize, Vec<u8>), Flow> {
+        let head = ctx.req.head;
+        let content_type = head
+            .header("content-type")
+            .and_then(|v| std::str::from_utf8(v).ok());
+        // Route captures (`/users/:name`) fill the fields of the same name (a Sluice extension).
+        let params: Vec<(&str, &str)> = ctx.params().collect();
+        let req = HttpRequest {
+            method: head.method_str(),
+            content_type,
+            query: head.query_str().unwrap_or("").as_bytes(),
+            body: ctx.body.unwrap_or(&[]),
+            params: &params,
+        };
+        let mut frame = Vec::with_capacity(64 + req.body.len());
+        match &self.mode {
+            Mode::One(t) => {
+                t.encode_request(&req, &mut frame)
+                    .map_err(|e| bad_request(&e.0))?;
+                Ok((0, frame))
+            }
+            Mode::Annotated(router) => {
+                let Some(m) = router.find(req.method, ctx.req.path()) else {
+                    return Err(Flow::Respond(Response::message(
+                        404,
+                        "no gRPC method is bound to this method and path",
+                    )));
+                };
+                m.binding
+                    .encode_request(&m.captures, &req, &mut frame)
+                    .map_err(|e| bad_request(&e.0))?;
+                let i = router
+                    .bindings()
+                    .iter()
+                    .position(|b| std::ptr::eq(b, m.binding))
+                    .unwrap_or(0);
+                Ok((i, frame))
+            }
+        }
+    }
+}
+
 fn bad_request(msg: &str) -> Flow {
     Flow::Respond(Response::message(400, msg))
 }
@@ -247,43 +291,11 @@ impl Plugin for GrpcTranscode {
     }
 
     fn access(&self, ctx: &mut Ctx<'_>) -> Flow {
-        let head = ctx.req.head;
-        let content_type = head
-            .header("content-type")
-            .and_then(|v| std::str::from_utf8(v).ok());
-        let req = HttpRequest {
-            method: head.method_str(),
-            content_type,
-            query: head.query_str().unwrap_or("").as_bytes(),
-            body: ctx.body.unwrap_or(&[]),
-            params: &[],
+        let (binding, frame) = match self.encode(ctx) {
+            Ok(x) => x,
+            Err(flow) => return flow,
         };
-        let mut frame = Vec::with_capacity(64 + req.body.len());
-        let (binding, transcoder) = match &self.mode {
-            Mode::One(t) => {
-                if let Err(e) = t.encode_request(&req, &mut frame) {
-                    return bad_request(&e.0);
-                }
-                (0, t)
-            }
-            Mode::Annotated(router) => {
-                let Some(m) = router.find(req.method, ctx.req.path()) else {
-                    return Flow::Respond(Response::message(
-                        404,
-                        "no gRPC method is bound to this method and path",
-                    ));
-                };
-                if let Err(e) = m.binding.encode_request(&m.captures, &req, &mut frame) {
-                    return bad_request(&e.0);
-                }
-                let i = router
-                    .bindings()
-                    .iter()
-                    .position(|b| std::ptr::eq(b, m.binding))
-                    .unwrap_or(0);
-                (i, m.binding.transcoder())
-            }
-        };
+        let transcoder = self.transcoder(binding);
         ctx.edits.method = Some(Bytes::from_static(b"POST"));
         ctx.edits.uri = Some(Bytes::copy_from_slice(transcoder.grpc_path().as_bytes()));
         ctx.edits.set_headers.retain(|(n, _)| {

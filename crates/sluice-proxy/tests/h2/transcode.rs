@@ -165,6 +165,7 @@ fn config(origin: SocketAddr) -> serde_json::Value {
         "protos": [{"id": "1", "content": PROTO}],
         "routes": [
             route("hello", "/grpctest", "SayHello", json!({"deadline": 1500})),
+            route("param", "/hello/:name", "SayHello", json!({})),
             route("stream", "/stream", "SayHelloStreamReply", json!({})),
             route("fail", "/fail", "Fail", json!({})),
             route("deny", "/deny", "Deny", json!({})),
@@ -383,4 +384,23 @@ fn h2_client_gets_the_transcoded_answer_too() {
         assert_eq!(headers.get("content-type").unwrap(), "application/json");
         assert_eq!(json_body(&body), json!({"message": "Hello h2"}));
     });
+}
+
+#[test]
+fn route_parameters_fill_fields_of_the_same_name() {
+    let (origin, calls) = start_origin();
+    let gw = Gw::start(config(origin), ProxyConfig::default());
+    // The capture wins over the query, as a path parameter should; it is percent-decoded (nginx's `$uri`).
+    let (status, _, body, _) = http1(
+        gw.addr,
+        "GET /hello/from%20path?name=query HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(
+        (status, json_body(&body)),
+        (200, json!({"message": "Hello from path"}))
+    );
+    assert_eq!(
+        calls.lock().unwrap().last().unwrap().body,
+        frame(&string_field("from path")).to_vec()
+    );
 }
