@@ -217,7 +217,7 @@ async fn handle(
     let body = if body.is_empty() {
         None
     } else {
-        match serde_json::from_slice::<Value>(&body) {
+        match parse_body(&body) {
             Ok(v) => Some(v),
             Err(e) => {
                 return respond(
@@ -333,5 +333,52 @@ mod tests {
         assert_eq!(q[1].1, "x y");
         assert_eq!(q[2], ("force".into(), String::new()));
         assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+}
+
+/// A request body as APISIX's cjson reads it: strict JSON, except that raw control characters (a newline inside a
+/// string, as APISIX's own proto examples have) are taken as the characters they are.
+fn parse_body(body: &[u8]) -> Result<Value, serde_json::Error> {
+    serde_json::from_slice::<Value>(body).or_else(|e| {
+        let mut fixed = Vec::with_capacity(body.len() + 16);
+        let (mut in_string, mut escaped, mut changed) = (false, false, false);
+        for &b in body {
+            if in_string && !escaped && b < 0x20 {
+                fixed.extend_from_slice(format!("\\u{b:04x}").as_bytes());
+                changed = true;
+                continue;
+            }
+            fixed.push(b);
+            if escaped {
+                escaped = false;
+            } else if in_string && b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = !in_string;
+            }
+        }
+        if !changed {
+            return Err(e);
+        }
+        // The original error is the one to report if the body is still not JSON.
+        serde_json::from_slice::<Value>(&fixed).map_err(|_| e)
+    })
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::parse_body;
+
+    #[test]
+    fn raw_control_characters_in_strings_are_accepted_as_cjson_does() {
+        let v = parse_body(b"{\"content\": \"a;\n  b;\tc\"}").unwrap();
+        assert_eq!(v["content"], "a;\n  b;\tc");
+        // Escapes still mean what they mean; quotes inside strings do not end them.
+        let v = parse_body(b"{\"a\": \"x\\\"\n\\\\\", \"b\": 1}").unwrap();
+        assert_eq!(v["a"], "x\"\n\\");
+        assert_eq!(v["b"], 1);
+        // Anything else that is not JSON is still refused with serde's message.
+        assert!(parse_body(b"{\"a\": }").is_err());
+        assert!(parse_body(b"{\n\"a\": 1,}").is_err());
     }
 }
