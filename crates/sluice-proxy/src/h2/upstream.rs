@@ -217,16 +217,36 @@ pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         .send_request(req, end)
         .map_err(|e| (h2_err(node, e), Progress::BeforeSend))?;
     let (mut rd, mut wr) = tokio::io::split(io);
+    let sent = std::cell::Cell::new(0u64);
     let send = async {
-        if end {
-            return Ok(0);
+        if !end {
+            let n = send_body(&mut rd, rbuf, head.body, &mut body_tx, client_timeout)
+                .await
+                .map_err(|m| {
+                    let e = Error::downstream(Kind::BadRequest(400), format!("request body: {m}"));
+                    (e, Progress::Sent)
+                })?;
+            sent.set(n);
         }
-        send_body(&mut rd, rbuf, head.body, &mut body_tx, client_timeout)
-            .await
-            .map_err(|m| {
-                let e = Error::downstream(Kind::BadRequest(400), format!("request body: {m}"));
-                (e, Progress::Sent)
-            })
+        // The request is out: from here the client is only watched, as nginx does (`proxy_ignore_client_abort
+        // off`): a client that closes cancels the call (dropping the stream resets it upstream). What it sends
+        // meanwhile (a pipelined request) stays in `rbuf`, up to a bound.
+        loop {
+            if rbuf.len() >= 64 * 1024 {
+                std::future::pending::<()>().await;
+            }
+            rbuf.reserve(4096);
+            match rd.read_buf(rbuf).await {
+                Ok(0) | Err(_) => {
+                    let e = Error::downstream(
+                        Kind::ClientClosed,
+                        "client closed while the upstream call was in flight",
+                    );
+                    return Err::<std::convert::Infallible, _>((e, Progress::Sent));
+                }
+                Ok(_) => {}
+            }
+        }
     };
     let recv = async {
         let resp = tokio::time::timeout(t.read, resp)
@@ -245,20 +265,17 @@ pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     // The request body streams while the response comes back (gRPC bidirectional streaming); a failed body ends
     // the exchange at once (dropping the response stream resets it upstream).
     tokio::pin!(send, recv);
-    let mut sent = None;
-    loop {
-        tokio::select! {
-            r = &mut send, if sent.is_none() => sent = Some(r?),
-            r = &mut recv => {
-                let w = r?;
-                return Ok(Exchanged {
-                    status: w.status,
-                    sent_status: w.sent_status,
-                    request_body: sent.unwrap_or(0),
-                    response_bytes: w.bytes,
-                    close: w.close,
-                });
-            }
+    tokio::select! {
+        Err(e) = &mut send => Err(e),
+        r = &mut recv => {
+            let w = r?;
+            Ok(Exchanged {
+                status: w.status,
+                sent_status: w.sent_status,
+                request_body: sent.get(),
+                response_bytes: w.bytes,
+                close: w.close,
+            })
         }
     }
 }

@@ -418,3 +418,34 @@ fn grpc_web_real_preflight_errors_and_refusals() {
     let (status, _, _, _) = http1(gw.addr, std::str::from_utf8(&req).unwrap());
     assert_eq!(status, 400);
 }
+
+/// An HTTP/1.1 client that gives up while the gRPC call is in flight cancels it upstream (nginx's behaviour with
+/// `proxy_ignore_client_abort off`), for transcoded and passed-through calls alike.
+#[test]
+fn transcode_real_client_going_away_cancels_the_upstream_call() {
+    use std::io::Write;
+    let Some(p) = peers() else { return };
+    let gw = Gw::start(
+        json!({"protos": [{"id": "k", "name": "kitchen.proto", "content": kitchen_proto()}],
+               "routes": [route("slow", "/slow", p.py,
+                                json!({"proto_id": "k", "service": "sluice.test.Kitchen", "method": "Slow"}))]}),
+        ProxyConfig::default(),
+    );
+    let key = format!("transcode-gone-{}", std::process::id());
+    let mut c = std::net::TcpStream::connect(gw.addr).unwrap();
+    c.write_all(
+        post(
+            "/slow",
+            r#"{"millis": 5000}"#,
+            &format!("x-stats-key: {key}\r\n"),
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    // Wait until the call reached the server, then leave.
+    let st = rt().block_on(stats_until(p.py, &key, |s| s.calls >= 1));
+    assert_eq!(st.calls, 1);
+    drop(c);
+    let st = rt().block_on(stats_until(p.py, &key, |s| s.cancelled + s.completed >= 1));
+    assert_eq!((st.calls, st.cancelled, st.completed), (1, 1, 0));
+}
