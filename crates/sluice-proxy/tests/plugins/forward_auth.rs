@@ -108,7 +108,7 @@ fn ok(extra: &str) -> Vec<u8> {
 fn answer(req: &Seen) -> Vec<u8> {
     let auth = req.header("authorization").unwrap_or("");
     match auth {
-        "111" => ok(""),
+        "111" | "pause" => ok(""),
         "222" => ok("X-User-ID: i-am-an-user\r\n"),
         "multi" => ok("X-User-ID: first\r\nX-User-ID: second\r\n"),
         "333" => b"HTTP/1.1 403 Forbidden\r\nLocation: http://example.com/auth\r\nX-Secret: internal\r\nContent-Length: 6\r\n\r\ndenied".to_vec(),
@@ -191,6 +191,7 @@ fn serve(mut c: impl Read + Write, seen: &Mutex<Vec<Seen>>, tx: &Sender<Ev>) {
                     return;
                 }
                 "slow" => std::thread::sleep(Duration::from_secs(3)),
+                "pause" => std::thread::sleep(Duration::from_millis(300)),
                 _ => {}
             }
             if c.write_all(&answer(&rec)).is_err() || c.flush().is_err() {
@@ -803,4 +804,46 @@ fn bad_configurations_are_refused() {
     assert!(e.contains("invalid uri"), "{e}");
     let e = try_conf(json!({"uri": "http://x/", "request_headers": ["A\r\nB: c"]})).unwrap();
     assert!(e.contains("invalid header name"), "{e}");
+}
+
+/// Body bytes the proxy reads while it watches the client during the auth call are kept: a large body sent
+/// during the call reaches the origin whole, and the connection serves the next request.
+#[test]
+fn client_body_read_during_the_call_reaches_the_origin() {
+    let (a, o) = (Auth::start(), Origin::start());
+    let g = gw(
+        &o,
+        json!({"uri": a.uri("/auth"), "request_headers": ["Authorization"]}),
+    );
+    let body: String = (0..300_000u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let r = request(
+        g.addr,
+        "POST",
+        "/hello",
+        &[("Authorization", "pause")],
+        &body,
+    );
+    assert_eq!((r.status, r.body.as_str()), (200, "origin"));
+    assert!(
+        o.last().body == body,
+        "the origin got {} bytes",
+        o.last().body.len()
+    );
+    assert_eq!(a.last().body, "", "a GET auth request carries no body");
+
+    // Keep-alive: a second request on the same connection after an awaited call.
+    let mut c = TcpStream::connect(g.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"POST /hello HTTP/1.1\r\nHost: t\r\nAuthorization: pause\r\nContent-Length: 5\r\n\r\nfirstGET /hello HTTP/1.1\r\nHost: t\r\nAuthorization: 111\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = c.read_to_string(&mut out);
+    assert_eq!(out.matches("HTTP/1.1 200").count(), 2, "{out}");
+    let seen = o.seen.lock().unwrap();
+    let n = seen.len();
+    assert_eq!(
+        (seen[n - 2].body.as_str(), seen[n - 1].method.as_str()),
+        ("first", "GET")
+    );
 }
