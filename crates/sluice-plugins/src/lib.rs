@@ -27,6 +27,7 @@ mod cors;
 mod echo;
 mod fault_injection;
 mod file_logger;
+mod forward_auth;
 mod grpc_transcode;
 mod grpc_web;
 mod gzip;

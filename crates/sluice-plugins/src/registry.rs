@@ -38,6 +38,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::jwt_auth::ENTRY,
     crate::key_auth::ENTRY,
     crate::consumer_restriction::ENTRY,
+    crate::forward_auth::ENTRY,
     crate::proxy_mirror::ENTRY,
     crate::proxy_rewrite::ENTRY,
     crate::limit_conn::ENTRY,
