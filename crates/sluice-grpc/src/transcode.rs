@@ -157,6 +157,32 @@ impl Transcoder {
         Ok(())
     }
 
+    /// For a client-streaming method: a JSON array body is the stream, one frame per element (Envoy's mapping); any
+    /// other request is a stream of the one message [`Transcoder::encode_request`] builds. Route `params` fill
+    /// every message.
+    pub fn encode_stream_request(
+        &self,
+        req: &HttpRequest<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), RequestError> {
+        let json = req
+            .content_type
+            .is_some_and(|ct| ct.contains("application/json"))
+            && matches!(req.method, "POST" | "PUT" | "PATCH");
+        let trimmed = req.body.trim_ascii_start();
+        if !json || !trimmed.starts_with(b"[") {
+            return self.encode_request(req, out);
+        }
+        let items: Vec<&serde_json::value::RawValue> = serde_json::from_slice(trimmed)
+            .map_err(|e| RequestError(format!("failed to encode request data to protobuf: {e}")))?;
+        for item in items {
+            let mut msg = json_to_message(self.method.input(), item.get().as_bytes())?;
+            fill_params(&mut msg, req.params)?;
+            encode_message(&msg, out);
+        }
+        Ok(())
+    }
+
     fn build_request(&self, req: &HttpRequest<'_>) -> Result<DynamicMessage, RequestError> {
         let desc = self.method.input();
         let json = req

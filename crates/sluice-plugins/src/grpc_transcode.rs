@@ -10,7 +10,8 @@
 //!   a `grpc-status` in the trailers becomes the HTTP status (APISIX can only map a trailers-only answer: it has
 //!   sent the head already); a server-streaming call streams.
 //! - body_filter: unary bodies are collected (up to `max_resp_body_size`) and decoded at the end; server-streamed
-//!   messages are written as they arrive, as a JSON array (or NDJSON / SSE, `stream_format`).
+//!   messages are written as they arrive, as a JSON array (or NDJSON / SSE, `stream_format`). A client-streaming
+//!   method takes a JSON array body as its stream (one message per element).
 //!
 //! Beyond APISIX: `use_http_annotations` serves every `google.api.http` binding of the proto's services on one
 //! route (`service` then narrows it to one service; `method` is not needed), `auto_mapping` adds
@@ -188,13 +189,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
         Mode::Annotated(router)
     } else {
         let (service, method) = (c.service.unwrap_or_default(), c.method.unwrap_or_default());
-        let t = Transcoder::new(&proto, &service, &method, &c.config).map_err(|e| e.to_string())?;
-        if t.method().is_client_streaming() {
-            return Err(format!(
-                "{service}.{method}: client-streaming methods cannot be transcoded"
-            ));
-        }
-        Mode::One(t)
+        Mode::One(Transcoder::new(&proto, &service, &method, &c.config).map_err(|e| e.to_string())?)
     };
     Ok(Arc::new(GrpcTranscode {
         mode,
@@ -247,8 +242,12 @@ impl GrpcTranscode {
         let mut frame = Vec::with_capacity(64 + req.body.len());
         match &self.mode {
             Mode::One(t) => {
-                t.encode_request(&req, &mut frame)
-                    .map_err(|e| bad_request(&e.0))?;
+                let r = if t.method().is_client_streaming() {
+                    t.encode_stream_request(&req, &mut frame)
+                } else {
+                    t.encode_request(&req, &mut frame)
+                };
+                r.map_err(|e| bad_request(&e.0))?;
                 Ok((0, frame))
             }
             Mode::Annotated(router) => {

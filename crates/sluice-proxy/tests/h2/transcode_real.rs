@@ -449,3 +449,36 @@ fn transcode_real_client_going_away_cancels_the_upstream_call() {
     let st = rt().block_on(stats_until(p.py, &key, |s| s.cancelled + s.completed >= 1));
     assert_eq!((st.calls, st.cancelled, st.completed), (1, 1, 0));
 }
+
+/// A client-streaming method takes a JSON array as its stream.
+#[test]
+fn transcode_real_client_stream_from_a_json_array() {
+    let Some(p) = peers() else { return };
+    let gw = Gw::start(
+        json!({"protos": [{"id": "k", "name": "kitchen.proto", "content": kitchen_proto()}],
+               "routes": [route("sum", "/sum", p.py,
+                                json!({"proto_id": "k", "service": "sluice.test.Kitchen", "method": "Sum"}))]}),
+        ProxyConfig::default(),
+    );
+    let (status, _, body, _) = http1(
+        gw.addr,
+        &post(
+            "/sum",
+            r#"[{"v": 1}, {"v": 2}, {"v": 9007199254740993}]"#,
+            "",
+        ),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        json_body(&body),
+        json!({"total": 9007199254740996_i64, "items": 3})
+    );
+    // One object is a stream of one; a bad element is a 400 with nothing sent.
+    let (status, _, body, _) = http1(gw.addr, &post("/sum", r#"{"v": 5}"#, ""));
+    assert_eq!(
+        (status, json_body(&body)),
+        (200, json!({"total": 5, "items": 1}))
+    );
+    let (status, _, _, _) = http1(gw.addr, &post("/sum", r#"[{"v": 1}, {"v": "x"}]"#, ""));
+    assert_eq!(status, 400);
+}
