@@ -62,6 +62,8 @@ pub(crate) struct Pending {
     pub(crate) resume: Option<Resume>,
     /// `_meta.error_response` of the hook that started the effect: it applies to the answer the resume gives.
     pub(crate) error_response: Option<Bytes>,
+    /// A plugin's own upstream exchange.
+    pub(crate) call: Option<UpstreamCall>,
 }
 
 impl Ctx<'_> {
@@ -98,5 +100,44 @@ impl Ctx<'_> {
 
     pub(crate) fn has_effect(&self) -> bool {
         self.io.effect.is_some()
+    }
+}
+
+/// The route's timeouts, as an upstream call sees them.
+#[derive(Debug, Clone, Copy)]
+pub struct CallTimeouts {
+    pub connect: Duration,
+    pub send: Duration,
+    pub read: Duration,
+}
+
+/// Why an upstream call failed: `sent` says whether the request may have reached the node (then it is not
+/// retried on another one unless idempotent), `timeout` makes it a 504 rather than a 502.
+#[derive(Debug, Clone)]
+pub struct CallFailure {
+    pub sent: bool,
+    pub timeout: bool,
+    pub message: String,
+}
+
+/// A plugin that speaks the upstream's protocol itself (dubbo-proxy): given the node the route's balancer picked
+/// and the route's timeouts, the call yields the HTTP answer. The proxy keeps the rest: node choice, retries on
+/// other nodes, passive health, header_filter / body_filter / log, the access log.
+pub type UpstreamCall = std::rc::Rc<
+    dyn Fn(
+        std::net::SocketAddr,
+        CallTimeouts,
+    ) -> Pin<Box<dyn Future<Output = Result<Response, CallFailure>>>>,
+>;
+
+impl Ctx<'_> {
+    /// Takes over the upstream exchange of this request (see [`UpstreamCall`]). Set in a request phase.
+    pub fn call_upstream(&mut self, call: UpstreamCall) {
+        self.io.call = Some(call);
+    }
+
+    /// The upstream exchange a plugin took over, if any (taken by the proxy).
+    pub fn take_upstream_call(&mut self) -> Option<UpstreamCall> {
+        self.io.call.take()
     }
 }

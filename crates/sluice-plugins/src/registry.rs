@@ -48,6 +48,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::traffic_split::ENTRY,
     crate::redirect::ENTRY,
     crate::response_rewrite::ENTRY,
+    crate::dubbo_proxy::ENTRY,
     crate::grpc_transcode::ENTRY,
     crate::grpc_web::ENTRY,
     crate::prometheus::ENTRY,

@@ -518,6 +518,28 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 Err(e) => return self.refuse(head, &e).await,
             },
         };
+        // A plugin that speaks the upstream's protocol itself (dubbo-proxy) does the exchange; the node choice,
+        // retries, health and the response phases stay here.
+        if let Some(ctx) = pctx.as_mut() {
+            if let Some(call) = ctx.take_upstream_call() {
+                let route = ctx
+                    .picked_upstream()
+                    .and_then(|i| snap.splits.get(idx, i))
+                    .unwrap_or(route);
+                let consumer = ctx.consumer.clone();
+                let key = hash_key(
+                    &route.upstream,
+                    &view,
+                    consumer.as_deref().map(|c| c.username.as_str()),
+                );
+                let body_read = req_body.is_some();
+                return self
+                    .serve_call(
+                        head, route, call, ctx, &chains, key, req_start, body_read, rec,
+                    )
+                    .await;
+            }
+        }
         // Plugin decisions on the way upstream (one branch on the no-plugin path): a copy for a mirror
         // (proxy-mirror), another upstream (traffic-split: the route's sibling with that upstream).
         let route = match pctx.as_mut() {
@@ -664,11 +686,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     async fn respond_plugin(
         &mut self,
         head: &RequestHead,
-        mut r: Response,
+        r: Response,
         ctx: &mut Ctx<'_>,
         chains: &[Option<&Chain>; 2],
         started: Instant,
     ) -> Result<bool, Error> {
+        self.respond_own(head, r, ctx, chains, started, None).await
+    }
+
+    /// [`Conn::respond_plugin`] for an answer that came from an upstream a plugin called itself (`via`: the node
+    /// and the call's duration, for the log phase); the request body, read for the plugin, is not waiting.
+    async fn respond_own(
+        &mut self,
+        head: &RequestHead,
+        mut r: Response,
+        ctx: &mut Ctx<'_>,
+        chains: &[Option<&Chain>; 2],
+        started: Instant,
+        via: Option<(SocketAddr, std::time::Duration)>,
+    ) -> Result<bool, Error> {
+        let upstream_status = via.map(|_| r.status);
         // The plugins filter the answer like an upstream's: headers, then the whole body as one piece with eof.
         ctx.set_own_headers(std::mem::take(&mut r.headers));
         sluice_plugins::header_filters(chains, ctx, r.status);
@@ -681,7 +718,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             sluice_plugins::body_filters(chains, ctx, &mut piece);
             r.body = piece.data;
         }
-        let keep = head.keep_alive && head.body == BodyKind::Empty && !*self.shutdown.borrow();
+        let keep = head.keep_alive
+            && (head.body == BodyKind::Empty || via.is_some())
+            && !*self.shutdown.borrow();
         self.out.clear();
         let mut n = forward::itoa_buf();
         self.out.put_slice(b"HTTP/1.1 ");
@@ -725,9 +764,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             request_bytes: head.buf.len() as u64,
             response_bytes: sent,
             latency: started.elapsed(),
-            upstream_latency: None,
-            upstream_addr: None,
-            upstream_status: None,
+            upstream_latency: via.map(|v| v.1),
+            upstream_addr: via.map(|v| v.0),
+            upstream_status,
         };
         for chain in chains.iter().flatten() {
             chain.log(ctx, &info);
@@ -802,21 +841,137 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         &mut self,
         effect: sluice_plugins::Effect,
     ) -> Result<Result<sluice_plugins::Resume, Response>, Error> {
-        let run = effect.run();
-        tokio::pin!(run);
+        self.watching_client(effect.run()).await
+    }
+
+    /// The upstream exchange of a plugin that speaks the upstream's protocol itself (`Ctx::call_upstream`): nodes
+    /// from the route's balancer, a node that could not be reached is reported to health and the next one tried
+    /// (a call that may have reached its node is not repeated), the answer goes through the response phases.
+    #[allow(clippy::too_many_arguments)] // the request's state, borrowed piecewise from `serve`
+    async fn serve_call<'s>(
+        &mut self,
+        head: &RequestHead,
+        route: &'s CompiledRoute,
+        call: sluice_plugins::UpstreamCall,
+        ctx: &mut Ctx<'_>,
+        chains: &[Option<&Chain>; 2],
+        key: Option<std::borrow::Cow<'_, [u8]>>,
+        started: Instant,
+        body_read: bool,
+        rec: &mut UpRec<'s>,
+    ) -> Result<bool, Error> {
+        if body_read {
+            // The plugin has the body; it is not forwarded.
+            let n = std::mem::take(&mut self.buffered_body).min(self.rbuf.len());
+            let _ = self.rbuf.split_to(n);
+        } else if head.body != BodyKind::Empty {
+            // An unread body cannot be skipped safely: this connection ends with the answer.
+            let e = Error::downstream(Kind::BadRequest(400), "request body not read by the plugin");
+            tracing::warn!(route = %route.id, "{e}");
+        }
+        let up: &UpstreamRt = &route.upstream;
+        let t = route.timeouts;
+        let timeouts = sluice_plugins::CallTimeouts {
+            connect: t.connect,
+            send: t.send,
+            read: t.read,
+        };
+        let retries = up
+            .retries
+            .unwrap_or(up.nodes.len().saturating_sub(1) as u32);
+        let logging = self.w.log.is_some();
+        let mut tried = Tried::new();
+        loop {
+            let Some(node_idx) = up.balancer.pick(key.as_deref(), &tried) else {
+                return self
+                    .refuse(
+                        head,
+                        &Error::upstream(Kind::NoUpstreamNode, "no healthy node"),
+                    )
+                    .await;
+            };
+            tried.insert(node_idx);
+            let node = &up.nodes[node_idx];
+            up.balancer.on_request_start(node_idx);
+            let t0 = Instant::now();
+            let r = self.watching_client(call(node.addr, timeouts)).await;
+            let spent = t0.elapsed();
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    up.balancer.on_request_end(node_idx, spent, false);
+                    return Err(e);
+                }
+            };
+            up.balancer.on_request_end(node_idx, spent, r.is_ok());
+            if logging {
+                rec.route = Some(route);
+                rec.node = node_idx;
+                let status = match &r {
+                    Ok(resp) => resp.status,
+                    Err(f) if f.timeout => 504,
+                    Err(_) => 502,
+                };
+                self.tries.push(Try {
+                    addr: node.addr,
+                    status,
+                    time: spent,
+                });
+            }
+            let f = match r {
+                Ok(resp) => {
+                    up.balancer
+                        .health()
+                        .report_http_status(node_idx, resp.status);
+                    return self
+                        .respond_own(head, resp, ctx, chains, started, Some((node.addr, spent)))
+                        .await;
+                }
+                Err(f) => f,
+            };
+            let kind = if f.timeout {
+                FailureKind::Timeout
+            } else {
+                FailureKind::Tcp
+            };
+            up.balancer.health().report_failure(node_idx, kind);
+            tracing::warn!(route = %route.id, node = %node.addr, error = %f.message, "upstream call failed");
+            if !f.sent && (tried.len() as u32) <= retries {
+                continue;
+            }
+            let e = if f.timeout {
+                Error::upstream(Kind::UpstreamTimeout, f.message)
+            } else {
+                Error::upstream(Kind::UpstreamIo, f.message)
+            };
+            let s = synthetic(&e).unwrap_or_else(|| html_page(502));
+            let keep = head.keep_alive && (head.body == BodyKind::Empty || body_read);
+            self.write_synthetic(&s, keep, head.method_str() == "HEAD")
+                .await
+                .map_err(|e| Error::downstream(Kind::ClientClosed, e.to_string()))?;
+            return Ok(keep);
+        }
+    }
+
+    /// Awaits `fut` while watching the client, as [`Conn::await_effect`] does: a client that closes cancels it.
+    async fn watching_client<T>(
+        &mut self,
+        fut: impl std::future::Future<Output = T>,
+    ) -> Result<T, Error> {
+        tokio::pin!(fut);
         let mut watching = true;
         loop {
             if !watching {
-                return Ok(run.await);
+                return Ok(fut.await);
             }
             self.rbuf.reserve(BUF_SIZE / 2);
             tokio::select! {
-                r = &mut run => return Ok(r),
+                r = &mut fut => return Ok(r),
                 n = self.io.read_buf(&mut self.rbuf) => match n {
                     Ok(0) | Err(_) => {
                         return Err(Error::downstream(
                             Kind::ClientClosed,
-                            "client closed while a plugin's IO was in flight",
+                            "client closed while an upstream call was in flight",
                         ))
                     }
                     Ok(_) => watching = self.rbuf.len() < 4 * BUF_SIZE,

@@ -232,6 +232,8 @@ pub(crate) const KEYS: &[Key] = &[
     a("stream_plugins"),
     s("plugin_attr", Map),
     a("plugin_attr.*"),
+    s("plugin_attr.dubbo-proxy", Map),
+    s("plugin_attr.dubbo-proxy.upstream_multiplex_count", Int(1, 4096)),
     s("plugin_attr.prometheus", Map),
     s("plugin_attr.prometheus.enable_export_server", Bool),
     s("plugin_attr.prometheus.export_addr", Map),

@@ -7,6 +7,7 @@ mod body;
 #[path = "../common/ci.rs"]
 mod ci;
 mod delays;
+mod dubbo;
 mod forward_auth;
 mod groups;
 mod jwt;

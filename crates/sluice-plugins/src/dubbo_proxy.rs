@@ -1,0 +1,157 @@
+//! dubbo-proxy (priority 507, access): HTTP to Dubbo2 in the data plane, as APISIX's plugin (which needs
+//! Tengine's `mod_dubbo`; Sluice needs no special build). The route's upstream nodes are Dubbo providers.
+//!
+//! The call is APISIX's: `service_name` / `service_version` / `method` (default: the request path without its
+//! leading `/`) with one `Map<String, Object>` argument holding the request headers (lower-cased names) and the
+//! body (`byte[]` under `"body"`); the provider's returned map gives the status (`"status"`), the body (`"body"`)
+//! and the response headers (every other entry). The wire is `sluice-dubbo`; the connections are per worker thread
+//! and node, multiplexed (`plugin_attr.dubbo-proxy.upstream_multiplex_count`, default 32 calls in flight each).
+//!
+//! The proxy keeps the upstream logic ([`Ctx::call_upstream`]): the route's balancer picks the provider, one that
+//! cannot be reached is reported to passive health and the next is tried, and the answer goes through the
+//! response phases and the logs like any upstream's. Dubbo statuses map to HTTP (timeouts 504, service not found
+//! 502, thread pool exhausted 503); a provider exception is a 500 naming it.
+
+mod client;
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use sluice_dubbo::invoke::{self, Service};
+use sluice_dubbo::protocol::Message;
+use sluice_router::MatchRequest;
+
+use crate::registry::Entry;
+use crate::{CallFailure, CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin, Response};
+
+pub const NAME: &str = "dubbo-proxy";
+pub const PRIORITY: i32 = 507;
+
+/// APISIX's default `upstream_multiplex_count`.
+const DEFAULT_MULTIPLEX: usize = 32;
+
+pub(crate) const ENTRY: Entry = Entry {
+    name: NAME,
+    priority: PRIORITY,
+    auth: false,
+    schema,
+    check,
+    compile,
+    secrets: sluice_secrets::SecretFields::NONE,
+};
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "service_name": {"type": "string", "minLength": 1},
+            "service_version": {"type": "string", "pattern": "^\\d+\\.\\d+\\.\\d+"},
+            "method": {"type": "string", "minLength": 1}
+        },
+        "required": ["service_name", "service_version"]
+    })
+}
+
+fn check(v: &Value) -> Result<(), String> {
+    sluice_model::schema::validate(&schema(), v)
+}
+
+struct DubboProxy {
+    service: Service,
+    method: Option<String>,
+    multiplex: usize,
+}
+
+fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
+    check(v)?;
+    let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    let multiplex = env
+        .plugin_attr
+        .and_then(|a| a.get(NAME))
+        .and_then(|a| a.get("upstream_multiplex_count"))
+        .and_then(Value::as_u64)
+        .map_or(DEFAULT_MULTIPLEX, |n| n.clamp(1, 4096) as usize);
+    Ok(Arc::new(DubboProxy {
+        service: Service::new(
+            text("service_name").unwrap_or_default(),
+            text("service_version").unwrap_or_default(),
+        ),
+        method: text("method"),
+        multiplex,
+    }))
+}
+
+/// The HTTP answer for a Dubbo answer (APISIX's mapping, see `sluice_dubbo::invoke::dubbo_proxy_response`).
+fn answer(m: Message) -> Result<Response, CallFailure> {
+    let Message::Response { status, result, .. } = m else {
+        return Err(CallFailure {
+            sent: true,
+            timeout: false,
+            message: "dubbo: the provider answered with something else than a response".into(),
+        });
+    };
+    match invoke::dubbo_proxy_response(result, status) {
+        Ok(reply) => Ok(Response {
+            status: reply.status,
+            headers: reply
+                .headers
+                .into_iter()
+                .map(|(n, v)| (Bytes::from(n), Bytes::from(v)))
+                .collect(),
+            body: Bytes::from(reply.body),
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "dubbo-proxy call failed");
+            Ok(Response::message(e.http_status(), &e.to_string()))
+        }
+    }
+}
+
+impl Plugin for DubboProxy {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+    fn priority(&self) -> i32 {
+        PRIORITY
+    }
+    fn phases(&self) -> PhaseMask {
+        PhaseMask::of(&[Phase::Access])
+    }
+    fn needs_body(&self) -> bool {
+        true
+    }
+
+    fn access(&self, ctx: &mut Ctx<'_>) -> Flow {
+        let method = match &self.method {
+            Some(m) => m.clone(),
+            None => ctx.req.path().trim_start_matches('/').to_owned(),
+        };
+        if method.is_empty() {
+            return Flow::Respond(Response::message(
+                400,
+                "no dubbo method in the request path",
+            ));
+        }
+        let head = ctx.req.head;
+        let headers = head
+            .headers_iter()
+            .filter_map(|(n, v)| Some((std::str::from_utf8(n).ok()?, v)));
+        let req = Rc::new(invoke::dubbo_proxy_request(
+            &self.service,
+            &method,
+            headers,
+            ctx.body.unwrap_or(&[]),
+        ));
+        let multiplex = self.multiplex;
+        ctx.call_upstream(Rc::new(move |addr, t| {
+            let req = req.clone();
+            Box::pin(async move {
+                let m = client::call(addr, &req, multiplex, t.connect, t.read).await?;
+                answer(m)
+            })
+        }));
+        Flow::Continue
+    }
+}
