@@ -48,7 +48,12 @@ fn schema() -> Value {
         "properties": {
             "service_name": {"type": "string", "minLength": 1},
             "service_version": {"type": "string", "pattern": "^\\d+\\.\\d+\\.\\d+"},
-            "method": {"type": "string", "minLength": 1}
+            "method": {"type": "string", "minLength": 1},
+            "generic": {"description": "Sluice: a generic call ($invoke) whose typed arguments are the JSON body {\"types\": ..., \"values\": ...} (dubbo-go-pixiu's form); the answer is the value as JSON",
+                        "type": "boolean", "default": false},
+            "group": {"description": "Sluice: the service group", "type": "string", "minLength": 1},
+            "timeout": {"description": "Sluice: the provider-side timeout in milliseconds (the `timeout` attachment)",
+                        "type": "integer", "minimum": 1}
         },
         "required": ["service_name", "service_version"]
     })
@@ -62,6 +67,7 @@ struct DubboProxy {
     service: Service,
     method: Option<String>,
     multiplex: usize,
+    generic: bool,
 }
 
 fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
@@ -73,13 +79,17 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
         .and_then(|a| a.get("upstream_multiplex_count"))
         .and_then(Value::as_u64)
         .map_or(DEFAULT_MULTIPLEX, |n| n.clamp(1, 4096) as usize);
+    let mut service = Service::new(
+        text("service_name").unwrap_or_default(),
+        text("service_version").unwrap_or_default(),
+    );
+    service.group = text("group");
+    service.timeout_ms = v.get("timeout").and_then(Value::as_u64);
     Ok(Arc::new(DubboProxy {
-        service: Service::new(
-            text("service_name").unwrap_or_default(),
-            text("service_version").unwrap_or_default(),
-        ),
+        service,
         method: text("method"),
         multiplex,
+        generic: v.get("generic").and_then(Value::as_bool) == Some(true),
     }))
 }
 
@@ -109,6 +119,46 @@ fn answer(m: Message) -> Result<Response, CallFailure> {
     }
 }
 
+/// A `$invoke` call from a `{"types": ..., "values": ...}` body (an empty body: a call without arguments).
+fn generic_call(
+    svc: &Service,
+    method: &str,
+    body: &[u8],
+) -> Result<sluice_dubbo::protocol::Request, String> {
+    let json: Value = if body.iter().all(u8::is_ascii_whitespace) {
+        json!({})
+    } else {
+        serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?
+    };
+    let (types, values) = invoke::universality(&json).map_err(|e| e.0)?;
+    invoke::generic_request(svc, method, &types, &values).map_err(|e| e.0)
+}
+
+/// A generic call's answer: its value as JSON.
+fn generic_answer(m: Message) -> Result<Response, CallFailure> {
+    let Message::Response { status, result, .. } = m else {
+        return Err(CallFailure {
+            sent: true,
+            timeout: false,
+            message: "dubbo: the provider answered with something else than a response".into(),
+        });
+    };
+    Ok(match invoke::result_json(result, status) {
+        Ok(v) => Response {
+            status: 200,
+            headers: vec![(
+                Bytes::from_static(b"Content-Type"),
+                Bytes::from_static(b"application/json"),
+            )],
+            body: Bytes::from(v.to_string()),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "dubbo generic call failed");
+            Response::message(e.http_status(), &e.to_string())
+        }
+    })
+}
+
 impl Plugin for DubboProxy {
     fn name(&self) -> &'static str {
         NAME
@@ -126,7 +176,15 @@ impl Plugin for DubboProxy {
     fn access(&self, ctx: &mut Ctx<'_>) -> Flow {
         let method = match &self.method {
             Some(m) => m.clone(),
-            None => ctx.req.path().trim_start_matches('/').to_owned(),
+            // A generic call may name its method in the query, as dubbo-go-pixiu's URLs do.
+            None => match ctx
+                .req
+                .arg("method")
+                .filter(|m| self.generic && !m.is_empty())
+            {
+                Some(m) => m.to_owned(),
+                None => ctx.req.path().trim_start_matches('/').to_owned(),
+            },
         };
         if method.is_empty() {
             return Flow::Respond(Response::message(
@@ -134,22 +192,30 @@ impl Plugin for DubboProxy {
                 "no dubbo method in the request path",
             ));
         }
-        let head = ctx.req.head;
-        let headers = head
-            .headers_iter()
-            .filter_map(|(n, v)| Some((std::str::from_utf8(n).ok()?, v)));
-        let req = Rc::new(invoke::dubbo_proxy_request(
-            &self.service,
-            &method,
-            headers,
-            ctx.body.unwrap_or(&[]),
-        ));
-        let multiplex = self.multiplex;
+        let req = if self.generic {
+            match generic_call(&self.service, &method, ctx.body.unwrap_or(&[])) {
+                Ok(r) => r,
+                Err(msg) => return Flow::Respond(Response::message(400, &msg)),
+            }
+        } else {
+            let headers = ctx
+                .req
+                .head
+                .headers_iter()
+                .filter_map(|(n, v)| Some((std::str::from_utf8(n).ok()?, v)));
+            invoke::dubbo_proxy_request(&self.service, &method, headers, ctx.body.unwrap_or(&[]))
+        };
+        let req = Rc::new(req);
+        let (multiplex, generic) = (self.multiplex, self.generic);
         ctx.call_upstream(Rc::new(move |addr, t| {
             let req = req.clone();
             Box::pin(async move {
                 let m = client::call(addr, &req, multiplex, t.connect, t.read).await?;
-                answer(m)
+                if generic {
+                    generic_answer(m)
+                } else {
+                    answer(m)
+                }
             })
         }));
         Flow::Continue
