@@ -178,6 +178,9 @@ impl<'a> CompileEnv<'a> {
     }
 }
 
+/// Plugins with APISIX's `run_policy = "prefer_route"`: see [`Chain::log_phase`].
+const PREFER_ROUTE: &[&str] = &["prometheus"];
+
 /// One plugin in a chain with its `_meta` applied.
 struct Slot {
     plugin: Arc<dyn Plugin>,
@@ -467,15 +470,39 @@ impl Chain {
     }
 
     pub fn log(&self, ctx: &Ctx<'_>, info: &LogInfo) {
+        self.log_unless(ctx, info, |_| false);
+    }
+
+    fn log_unless(&self, ctx: &Ctx<'_>, info: &LogInfo, skip: impl Fn(&str) -> bool) {
         let Some(consumer) = self.with_phase(ctx, Phase::Log) else {
             return;
         };
         merged(&self.slots, consumer.as_deref(), |s| {
-            if s.plugin.phases().has(Phase::Log) && s.applies(ctx) {
+            if s.plugin.phases().has(Phase::Log) && s.applies(ctx) && !skip(s.name) {
                 s.plugin.log(ctx, info);
             }
             true
         });
+    }
+
+    /// The log phase of a request's chains, global rules first. A plugin APISIX marks `run_policy =
+    /// "prefer_route"` (prometheus) runs once: a global rule's instance is skipped when the route's chain (route,
+    /// service and plugin_config merged) has the plugin too.
+    pub fn log_phase(chains: &[Option<&Chain>; 2], ctx: &Ctx<'_>, info: &LogInfo) {
+        let [global, route] = *chains;
+        if let Some(g) = global {
+            match route {
+                Some(r) if PREFER_ROUTE.iter().any(|n| r.has(n)) => {
+                    g.log_unless(ctx, info, |name| {
+                        PREFER_ROUTE.contains(&name) && r.has(name)
+                    })
+                }
+                _ => g.log(ctx, info),
+            }
+        }
+        if let Some(r) = route {
+            r.log(ctx, info);
+        }
     }
 }
 

@@ -631,9 +631,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                             upstream_addr: Some(up.nodes[node_idx].addr),
                             upstream_status: ctx.upstream_head().map(|h| h.status),
                         };
-                        for chain in chains.iter().flatten() {
-                            chain.log(ctx, &info);
-                        }
+                        Chain::log_phase(&chains, ctx, &info);
                     }
                     return Ok(done.keep);
                 }
@@ -768,9 +766,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             upstream_addr: via.map(|v| v.0),
             upstream_status,
         };
-        for chain in chains.iter().flatten() {
-            chain.log(ctx, &info);
-        }
+        Chain::log_phase(chains, ctx, &info);
         Ok(keep)
     }
 

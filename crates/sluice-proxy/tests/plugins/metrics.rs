@@ -115,3 +115,29 @@ pub fn settled(gw: &Gw, want: &str) -> String {
     }
     gw.shared.metrics().render()
 }
+
+/// prometheus has APISIX's `run_policy = "prefer_route"`: in a global rule and on the route, a request is counted
+/// once (by the route's instance); routes without it are still counted by the global rule.
+#[test]
+fn metrics_global_rule_and_route_count_a_request_once() {
+    let o = Origin::start();
+    let gw = Gw::start(json!({
+        "routes": [route("r1", "/a", &o, json!({"prometheus": {}})), route("r2", "/b", &o, json!({}))],
+        "global_rules": [{"id": "1", "plugins": {"prometheus": {}}}]
+    }));
+    for _ in 0..3 {
+        assert_eq!(gw.get("/a", &[]).status, 200);
+    }
+    assert_eq!(gw.get("/b", &[]).status, 200);
+    let text = settled(&gw, "apisix_http_requests_total 4");
+    let r1 = text
+        .lines()
+        .find(|l| l.starts_with("apisix_http_status{code=\"200\",route=\"r1\""))
+        .expect("r1 line");
+    assert!(r1.ends_with(" 3"), "{r1}");
+    let r2 = text
+        .lines()
+        .find(|l| l.starts_with("apisix_http_status{code=\"200\",route=\"r2\""))
+        .expect("r2 line");
+    assert!(r2.ends_with(" 1"), "{r2}");
+}
