@@ -416,6 +416,7 @@ async fn write_response<W: AsyncWrite + Unpin>(
             }
         }
     }
+    put_date(&mut out, &parts.headers);
     match framing {
         Framing::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
         Framing::Close => out.put_slice(b"connection: close\r\n"),
@@ -571,6 +572,7 @@ fn put_head(
             put(out, n, v);
         }
     }
+    put_date(out, headers);
     match framing {
         Framing::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
         Framing::Close => out.put_slice(b"connection: close\r\n"),
@@ -752,6 +754,13 @@ async fn write_filtered<W: AsyncWrite + Unpin>(
         bytes: total,
         close,
     })
+}
+
+/// gRPC servers send no `Date`; a proxy forwarding a response without one adds it (RFC 9110 §6.6.1).
+fn put_date(out: &mut BytesMut, headers: &http::HeaderMap) {
+    if !headers.contains_key(http::header::DATE) {
+        put(out, b"date", &sluice_http::date::now());
+    }
 }
 
 fn put(out: &mut BytesMut, name: &[u8], value: &[u8]) {

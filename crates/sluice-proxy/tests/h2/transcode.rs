@@ -265,6 +265,11 @@ fn unary_call_from_query_and_from_json_body() {
     assert_eq!(json_body(&body), json!({"message": "Hello world"}));
     assert_eq!(header(&hs, "content-type"), Some("application/json"));
     assert!(header(&hs, "grpc-status").is_none() && header(&hs, "trailer").is_none());
+    // The gRPC origin sent no Date; a proxy adds one.
+    assert!(
+        header(&hs, "date").is_some_and(|d| d.ends_with(" GMT")),
+        "{hs:?}"
+    );
     let c = calls.lock().unwrap().last().cloned().unwrap();
     assert_eq!(c.path, "/helloworld.Greeter/SayHello");
     assert_eq!(c.content_type.as_deref(), Some("application/grpc"));
