@@ -62,8 +62,7 @@ pub struct RespEdits {
     pub body_modified: bool,
     /// Set in header_filter: the head waits for the end of the body, so a body_filter at eof may still change the
     /// status and headers (grpc-transcode maps a `grpc-status` trailer to the HTTP status). The body is then
-    /// collected whole and framed by its length; the plugin bounds it. Honoured on h2/gRPC upstreams (HTTP/1.1
-    /// upstreams get their head written before the body filters run).
+    /// collected whole and framed by its length; the plugin bounds it.
     pub hold_head: bool,
     /// Set by a filter: the upstream's trailers are not passed on (grpc-web carries them in the body).
     pub drop_trailers: bool,

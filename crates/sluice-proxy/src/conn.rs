@@ -1188,9 +1188,55 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         {
             forward::response_head(r, framing, head.version, keep, resp_edits, &mut self.out);
         }
-        let head_len = self.out.len() as u64;
+        let mut head_len = self.out.len() as u64;
         let mut complete = true;
         let copied = match (filter_body, pctx) {
+            // A held head (`RespEdits::hold_head`): the filtered body is collected, then the head (with what the
+            // filters decided at the end) goes out framed by the body's length.
+            (true, Some(ctx)) if ctx.resp.hold_head => {
+                self.out.clear();
+                let mut held: Vec<u8> = Vec::new();
+                let mut scratch = BytesMut::new();
+                let r = crate::body::filtered(
+                    resp_body,
+                    false,
+                    (t.read, self.w.shared.cfg.header_timeout),
+                    &mut scratch,
+                    (&mut c.conn, &mut self.ubuf, &mut held),
+                    &mut |piece| sluice_plugins::body_filters(chains, ctx, piece),
+                )
+                .await;
+                match r {
+                    Ok(f) => {
+                        complete = f.complete;
+                        ctx.resp.remove("content-length");
+                        if let Some(r) = ctx.upstream_head() {
+                            forward::response_head(
+                                r,
+                                OutFraming::None,
+                                head.version,
+                                keep,
+                                Some(&ctx.resp),
+                                &mut self.out,
+                            );
+                        }
+                        self.out.truncate(self.out.len().saturating_sub(2));
+                        let mut n = forward::itoa_buf();
+                        self.out.put_slice(b"Content-Length: ");
+                        self.out
+                            .put_slice(forward::fmt_u64(held.len() as u64, &mut n));
+                        self.out.put_slice(b"\r\n\r\n");
+                        head_len = self.out.len() as u64;
+                        self.out.put_slice(&held);
+                        let w = self.io.write_all(&self.out).await;
+                        self.out.clear();
+                        status = ctx.resp.status.unwrap_or(status);
+                        w.map(|_| held.len() as u64)
+                            .map_err(|e| BodyError::Sink(e.to_string()))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             (true, Some(ctx)) => crate::body::filtered(
                 resp_body,
                 framing == OutFraming::Chunked,

@@ -409,3 +409,63 @@ fn route_parameters_fill_fields_of_the_same_name() {
         frame(&string_field("from path")).to_vec()
     );
 }
+
+/// A held head works on HTTP/1.1 upstreams too: an upstream speaking gRPC framing over HTTP/1.1 (content-length
+/// body, `grpc-status` in the head) gets its status decided after the body, and the answer a length.
+#[test]
+fn held_head_on_an_http1_upstream() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let origin = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&got).into_owned();
+                let code = if text.contains("/Deny ") { "7" } else { "0" };
+                let body = frame(&string_field("over h1"));
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/grpc\r\ngrpc-status: {code}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = c.write_all(head.as_bytes());
+                let _ = c.write_all(&body);
+            });
+        }
+    });
+    let route = |id: &str, uri: &str, method: &str| {
+        json!({"id": id, "uri": uri, "plugins": {"grpc-transcode":
+                  {"proto_id": "1", "service": "helloworld.Greeter", "method": method}},
+               "upstream": {"type": "roundrobin", "nodes": {origin.to_string(): 1}}})
+    };
+    let gw = Gw::start(
+        json!({"protos": [{"id": "1", "content": PROTO}],
+               "routes": [route("ok", "/ok", "SayHello"), route("deny", "/deny", "Deny")]}),
+        ProxyConfig::default(),
+    );
+    let (status, hs, body, _) = http1(
+        gw.addr,
+        "GET /ok?name=a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(
+        (status, json_body(&body)),
+        (200, json!({"message": "over h1"}))
+    );
+    assert_eq!(
+        header(&hs, "content-length"),
+        Some(body.len().to_string().as_str())
+    );
+    assert!(header(&hs, "transfer-encoding").is_none(), "{hs:?}");
+    let (status, _, _, _) = http1(
+        gw.addr,
+        "GET /deny?name=a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 403);
+}
