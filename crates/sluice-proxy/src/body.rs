@@ -227,6 +227,7 @@ impl Decode {
         dst: &mut W,
         out: &mut BytesMut,
         t: (Duration, Duration),
+        trailers: &mut Option<bytes::Bytes>,
     ) -> Result<Option<bytes::Bytes>, BodyError>
     where
         R: AsyncRead + Unpin,
@@ -248,8 +249,11 @@ impl Decode {
                 Decode::Eof if !sbuf.is_empty() => return Ok(Some(sbuf.split().freeze())),
                 Decode::Chunked(dec) => match dec.decode(sbuf) {
                     Ok(Some(Chunk::Data(d))) => return Ok(Some(d)),
-                    Ok(Some(Chunk::End { .. })) => {
+                    Ok(Some(Chunk::End { trailers: t })) => {
                         *self = Decode::Done;
+                        if t.as_ref() != b"\r\n" {
+                            *trailers = Some(t);
+                        }
                         return Ok(None);
                     }
                     Ok(None) => {}
@@ -283,17 +287,25 @@ impl Decode {
     }
 }
 
+/// What [`filtered`] hands its filter: a piece of the body, or (before the `eof` piece) the trailers of a chunked
+/// body, raw, with whether they are to be passed on.
+pub(crate) enum FilterEvent<'a> {
+    Piece(&'a mut sluice_plugins::BodyChunk),
+    Trailers(&'a [u8], &'a mut bool),
+}
+
 /// A response body passed through the plugins' body_filter phase: each decoded piece goes to `filter`, what it
 /// returns is written with the output framing (`chunked_out`, else as is), and a last call with `eof` lets
-/// filters flush what they held. Once a filter ends the body the rest of the input is left unread (it may be an
-/// endless stream): `complete` is then false and the source connection must not be reused.
+/// filters flush what they held; a chunked body's trailers reach the filter first and follow a chunked output
+/// unless it drops them. Once a filter ends the body the rest of the input is left unread (it may be an endless
+/// stream): `complete` is then false and the source connection must not be reused.
 pub(crate) async fn filtered<R, W>(
     input: BodyKind,
     chunked_out: bool,
     timeouts: (Duration, Duration),
     out: &mut BytesMut,
     io: (&mut R, &mut BytesMut, &mut W),
-    filter: &mut dyn FnMut(&mut sluice_plugins::BodyChunk),
+    filter: &mut dyn FnMut(FilterEvent<'_>),
 ) -> Result<Filtered, BodyError>
 where
     R: AsyncRead + Unpin,
@@ -307,17 +319,24 @@ where
         written: 0,
         complete: true,
     };
+    let (mut trailers, mut pass_trailers) = (None, false);
     loop {
-        let piece = dec.next(src, sbuf, dst, out, timeouts).await?;
+        let piece = dec
+            .next(src, sbuf, dst, out, timeouts, &mut trailers)
+            .await?;
         if let Some(d) = &piece {
             done.read += d.len() as u64;
         }
         let last = piece.is_none();
+        if let (true, Some(t)) = (last, &trailers) {
+            pass_trailers = true;
+            filter(FilterEvent::Trailers(t, &mut pass_trailers));
+        }
         let mut chunk = sluice_plugins::BodyChunk {
             data: piece.unwrap_or_default(),
             eof: last,
         };
-        filter(&mut chunk);
+        filter(FilterEvent::Piece(&mut chunk));
         done.written += chunk.data.len() as u64;
         emit(dst, out, &chunk.data, chunked_out, write_timeout).await?;
         if last {
@@ -329,10 +348,32 @@ where
         }
     }
     if chunked_out {
-        out.put_slice(LAST_CHUNK);
+        match trailers.filter(|_| pass_trailers && done.complete) {
+            Some(t) => {
+                // Trailers pass, less the fields RFC 9110 §6.5.1 keeps out of them.
+                out.put_slice(b"0\r\n");
+                sluice_http::filter_trailers(&t, out);
+            }
+            None => out.put_slice(LAST_CHUNK),
+        }
     }
     flush(dst, out, write_timeout).await?;
     Ok(done)
+}
+
+/// Trailer fields as (name, value) pairs, from a chunked body's raw trailer section.
+pub(crate) fn trailer_fields(raw: &[u8]) -> Vec<(bytes::Bytes, bytes::Bytes)> {
+    raw.split(|&b| b == b'\n')
+        .filter_map(|line| {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let colon = memchr::memchr(b':', line)?;
+            let value = line[colon + 1..].trim_ascii();
+            Some((
+                bytes::Bytes::copy_from_slice(&line[..colon]),
+                bytes::Bytes::copy_from_slice(value),
+            ))
+        })
+        .collect()
 }
 
 /// What [`filtered`] carried.

@@ -1203,7 +1203,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     (t.read, self.w.shared.cfg.header_timeout),
                     &mut scratch,
                     (&mut c.conn, &mut self.ubuf, &mut held),
-                    &mut |piece| sluice_plugins::body_filters(chains, ctx, piece),
+                    &mut |ev| filter_event(chains, ctx, ev),
                 )
                 .await;
                 match r {
@@ -1243,7 +1243,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 (t.read, self.w.shared.cfg.header_timeout),
                 &mut self.out,
                 (&mut c.conn, &mut self.ubuf, &mut self.io),
-                &mut |piece| sluice_plugins::body_filters(chains, ctx, piece),
+                &mut |ev| filter_event(chains, ctx, ev),
             )
             .await
             .map(|f| {
@@ -1408,6 +1408,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let r = self.io.write_all(&self.out).await;
         self.out.clear();
         r
+    }
+}
+
+/// Runs the body filters on a piece, or hands them the upstream's trailers (a filter may drop them).
+fn filter_event(chains: &[Option<&Chain>; 2], ctx: &mut Ctx<'_>, ev: crate::body::FilterEvent<'_>) {
+    match ev {
+        crate::body::FilterEvent::Piece(p) => sluice_plugins::body_filters(chains, ctx, p),
+        crate::body::FilterEvent::Trailers(raw, pass) => {
+            ctx.set_upstream_trailers(crate::body::trailer_fields(raw));
+            *pass = !ctx.resp.drop_trailers;
+        }
     }
 }
 

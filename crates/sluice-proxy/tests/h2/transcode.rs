@@ -429,6 +429,13 @@ fn held_head_on_an_http1_upstream() {
                     }
                 }
                 let text = String::from_utf8_lossy(&got).into_owned();
+                if text.contains("/Fail ") {
+                    // The status in a chunked body's trailers.
+                    let _ = c.write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/grpc\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\ngrpc-status: 5\r\ngrpc-message: gone\r\n\r\n",
+                    );
+                    return;
+                }
                 let code = if text.contains("/Deny ") { "7" } else { "0" };
                 let body = frame(&string_field("over h1"));
                 let head = format!(
@@ -447,7 +454,8 @@ fn held_head_on_an_http1_upstream() {
     };
     let gw = Gw::start(
         json!({"protos": [{"id": "1", "content": PROTO}],
-               "routes": [route("ok", "/ok", "SayHello"), route("deny", "/deny", "Deny")]}),
+               "routes": [route("ok", "/ok", "SayHello"), route("deny", "/deny", "Deny"),
+                          route("fail", "/fail", "Fail")]}),
         ProxyConfig::default(),
     );
     let (status, hs, body, _) = http1(
@@ -468,4 +476,10 @@ fn held_head_on_an_http1_upstream() {
         "GET /deny?name=a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(status, 403);
+    // Trailers of an HTTP/1.1 chunked body reach the filters too.
+    let (status, _, _, _) = http1(
+        gw.addr,
+        "GET /fail?name=a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 404);
 }
