@@ -22,7 +22,8 @@ use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::callgrind;
@@ -346,35 +347,108 @@ pub fn build_greeter(go: &Path, dir: &Path) -> Result<PathBuf, String> {
     Ok(bin)
 }
 
-/// Starts the greeter on a free port (it listens on ":port", every interface; only 127.0.0.1 is used). The port is
-/// free when picked and may be taken before the greeter binds it: then it exits and another port is tried.
-fn start_greeter(ctx: &Ctx, bin: &Path) -> Result<(Proc, SocketAddr), String> {
-    let mut last = String::new();
-    for _ in 0..3 {
-        let port = free_port()?;
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let argv = vec![bin.display().to_string(), "-port".into(), port.to_string()];
-        // The greeter logs every call; that log would grow by the request count, so it is discarded.
-        let mut p = Proc::spawn(
-            "greeter_server",
-            &argv,
-            ctx.pin_mock.as_deref(),
-            Path::new("/dev/null"),
-        )?;
-        let end = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(why) = p.exited() {
-                last = why;
-                break;
+/// The running greeter. It logs every call, so its output is kept as a bounded tail in memory (for the reason it
+/// died, if it does) rather than in a file that would grow by the request count. Killed when dropped.
+pub struct Greeter {
+    child: Child,
+    tail: Arc<Mutex<Vec<u8>>>,
+    pub addr: SocketAddr,
+}
+
+/// Bytes of the greeter's output kept.
+const TAIL: usize = 16 << 10;
+
+impl Greeter {
+    /// Starts the greeter on a free port (it listens on ":port", every interface; only 127.0.0.1 is used). The port
+    /// is free when picked and may be taken before the greeter binds it: then it exits and another port is tried.
+    pub fn start(bin: &Path, pin: Option<&str>) -> Result<Greeter, String> {
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = free_port()?;
+            let mut cmd = match pin {
+                Some(cpus) => {
+                    let mut c = Command::new("taskset");
+                    c.arg("-c").arg(cpus).arg(bin);
+                    c
+                }
+                None => Command::new(bin),
+            };
+            let mut child = cmd
+                .arg("-port")
+                .arg(port.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("start {}: {e}", bin.display()))?;
+            let tail = Arc::new(Mutex::new(Vec::new()));
+            if let Some(o) = child.stdout.take() {
+                drain(o, tail.clone());
             }
-            match probe(Call::Direct, addr) {
-                Ok(_) => return Ok((p, addr)),
-                Err(e) if Instant::now() > end => return Err(format!("greeter not ready: {e}")),
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            if let Some(e) = child.stderr.take() {
+                drain(e, tail.clone());
+            }
+            let mut g = Greeter {
+                child,
+                tail,
+                addr: ([127, 0, 0, 1], port).into(),
+            };
+            let end = Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Some(why) = g.exited() {
+                    last = why;
+                    break;
+                }
+                match probe(Call::Direct, g.addr) {
+                    Ok(_) => return Ok(g),
+                    Err(e) if Instant::now() > end => {
+                        return Err(format!("greeter not ready: {e}"))
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
             }
         }
+        Err(format!("greeter_server did not start: {last}"))
     }
-    Err(format!("greeter_server did not start: {last}"))
+
+    /// `Some(why)` once the greeter has exited: its status and the last lines it wrote.
+    pub fn exited(&mut self) -> Option<String> {
+        let st = self.child.try_wait().ok()??;
+        std::thread::sleep(Duration::from_millis(50));
+        let tail = self.tail.lock().map(|t| t.clone()).unwrap_or_default();
+        let text = String::from_utf8_lossy(&tail);
+        let last: Vec<&str> = text
+            .lines()
+            .rev()
+            .filter(|l| !l.trim().is_empty())
+            .take(3)
+            .collect();
+        let last: Vec<&str> = last.into_iter().rev().collect();
+        Some(format!(
+            "greeter_server exited ({st}): {}",
+            last.join(" | ")
+        ))
+    }
+}
+
+impl Drop for Greeter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Keeps the last [`TAIL`] bytes `r` writes.
+fn drain(mut r: impl Read + Send + 'static, tail: Arc<Mutex<Vec<u8>>>) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = r.read(&mut buf) {
+            let Ok(mut t) = tail.lock() else { return };
+            t.extend_from_slice(&buf[..n]);
+            let excess = t.len().saturating_sub(TAIL);
+            t.drain(..excess);
+        }
+    });
 }
 
 /// Calls SayHello along `call` once and checks the answer is the greeter's reply; returns the reply's body size
@@ -752,13 +826,14 @@ pub fn run(ctx: &Ctx, s: &Scenario, progress: &mut Progress) -> ScenarioReport {
         }
     };
     progress.show(&format!("{}: starting greeter and sluice", s.name));
-    let (greeter, greeter_addr) = match start_greeter(ctx, &bin) {
+    let mut greeter = match Greeter::start(&bin, ctx.pin_mock.as_deref()) {
         Ok(g) => g,
         Err(why) => {
             progress.advance(total);
             return skipped(s, why);
         }
     };
+    let greeter_addr = greeter.addr;
     let gw = start_sluice(ctx, greeter_addr, "", None);
     let greeter_cpus = ctx.pin_mock.as_deref().map(cpu_count).unwrap_or(ctx.cores);
     let mut results: Vec<TargetResult> = Vec::new();
@@ -803,6 +878,8 @@ pub fn run(ctx: &Ctx, s: &Scenario, progress: &mut Progress) -> ScenarioReport {
             }
         }
     }
+    // Set once the origin is gone: no figure after that would mean anything.
+    let mut dead: Option<String> = None;
     for round in 0..ctx.rounds {
         for (call, addr, pid, per_answer, idx) in &active {
             progress.show(&format!(
@@ -812,6 +889,14 @@ pub fn run(ctx: &Ctx, s: &Scenario, progress: &mut Progress) -> ScenarioReport {
                 round + 1,
                 ctx.rounds
             ));
+            if dead.is_none() {
+                dead = greeter.exited();
+            }
+            if let Some(why) = &dead {
+                results[*idx].skip_reason = Some(why.clone());
+                progress.advance(1);
+                continue;
+            }
             match measure(ctx, s, *call, *addr, *pid, &files, *per_answer) {
                 Ok(r) => results[*idx].rounds.push(r),
                 Err(e) => results[*idx].skip_reason = Some(e),
@@ -850,10 +935,13 @@ pub fn run(ctx: &Ctx, s: &Scenario, progress: &mut Progress) -> ScenarioReport {
             });
         for (call, per_answer, idx) in &counted {
             progress.show(&format!("{} {} (callgrind)", s.name, call.target()));
-            let r = started
-                .as_ref()
-                .map_err(|e| e.clone())
-                .and_then(|g| count_instructions(*call, g, &cg_dir, &files, *per_answer));
+            if dead.is_none() {
+                dead = greeter.exited();
+            }
+            let r = match (&dead, &started) {
+                (Some(why), _) | (None, Err(why)) => Err(why.clone()),
+                (None, Ok(g)) => count_instructions(*call, g, &cg_dir, &files, *per_answer),
+            };
             match r {
                 Ok(ir) => {
                     if let Some(m) = results[*idx].median.as_mut() {
@@ -866,7 +954,13 @@ pub fn run(ctx: &Ctx, s: &Scenario, progress: &mut Progress) -> ScenarioReport {
         }
         progress.advance((Call::ALL.len() - 1).saturating_sub(counted.len()));
     }
+    if dead.is_none() {
+        dead = greeter.exited();
+    }
     drop(greeter);
+    if let Some(why) = dead {
+        notes.push(format!("the origin died during the run: {why}"));
+    }
     notes.extend(overhead_notes(&results));
     crate::runner::finish(s, results, notes)
 }

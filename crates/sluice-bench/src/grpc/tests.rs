@@ -291,29 +291,9 @@ fn greeter_builds_starts_and_answers_h2load() {
             .expect("mtime"),
         built
     );
-    let ctx = Ctx {
-        work: dir.clone(),
-        self_bin: PathBuf::new(),
-        sluice_bin: PathBuf::new(),
-        upstream: None,
-        gateway: None,
-        duration: Duration::from_secs(1),
-        warmup: Duration::ZERO,
-        rounds: 1,
-        driver: crate::drivers::Driver::H2load,
-        gen_threads: 1,
-        mock_threads: 1,
-        body_size: 0,
-        timeout: Duration::from_secs(5),
-        pin_gateway: None,
-        pin_mock: None,
-        peers: false,
-        ready_timeout: Duration::from_secs(20),
-        h2c: false,
-        access_log: false,
-        cores: 1,
-    };
-    let (greeter, addr) = start_greeter(&ctx, &bin).expect("greeter starts");
+    let mut greeter = Greeter::start(&bin, None).expect("greeter starts");
+    let addr = greeter.addr;
+    assert!(greeter.exited().is_none());
     assert_eq!(probe(Call::Direct, addr), Ok(18));
     let body = Call::Direct.body_file(&dir);
     std::fs::write(&body, Call::Direct.body()).expect("body file");
@@ -322,6 +302,25 @@ fn greeter_builds_starts_and_answers_h2load() {
     assert_eq!(m.requests, 500);
     assert_eq!(m.data_bytes, 500 * 18);
     check_answers(&m, 18).expect("every answer was the reply");
+    // A dead origin is noticed, with its exit status and last words (the greeter logs each call).
+    let pid = greeter.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    let end = Instant::now() + Duration::from_secs(10);
+    let why = loop {
+        if let Some(why) = greeter.exited() {
+            break why;
+        }
+        assert!(Instant::now() < end, "the killed greeter still runs");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        why.contains("SIGKILL") && why.contains("Received: bench"),
+        "{why}"
+    );
     drop(greeter);
     let _ = std::fs::remove_dir_all(&dir);
 }
