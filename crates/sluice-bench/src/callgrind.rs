@@ -87,7 +87,7 @@ fn one(ctx: &Ctx, s: &Scenario, kind: TargetKind, mock: &Mock) -> Result<RunResu
     })
 }
 
-fn control(args: &[&str]) -> Result<(), String> {
+pub(crate) fn control(args: &[&str]) -> Result<(), String> {
     let st = Command::new("callgrind_control")
         .args(args)
         .stdout(Stdio::null())
@@ -102,7 +102,7 @@ fn control(args: &[&str]) -> Result<(), String> {
 }
 
 /// Waits (bounded) for a dump newer than `since` and returns its total Ir.
-fn wait_for_totals(dir: &Path, since: SystemTime) -> Result<u64, String> {
+pub(crate) fn wait_for_totals(dir: &Path, since: SystemTime) -> Result<u64, String> {
     for _ in 0..100 {
         let mut newest: Option<(SystemTime, std::path::PathBuf)> = None;
         for e in std::fs::read_dir(dir).map_err(|e| e.to_string())?.flatten() {

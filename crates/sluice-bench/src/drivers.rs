@@ -35,6 +35,8 @@ pub struct Measured {
     pub requests: u64,
     pub elapsed: Duration,
     pub bytes: u64,
+    /// Body bytes alone (h2load's `data` figure; 0 for wrk), to check what the answers carried.
+    pub data_bytes: u64,
     pub latency: Latency,
     pub errors: Errors,
 }
@@ -212,12 +214,16 @@ pub fn parse_h2load(text: &str, duration: Duration) -> Result<Measured, String> 
         } else if line.starts_with("status codes:") {
             m.errors.non_2xx = num_before("3xx") + num_before("4xx") + num_before("5xx");
         } else if let Some(rest) = line.strip_prefix("traffic:") {
-            m.bytes = rest
-                .split('(')
-                .nth(1)
-                .and_then(|s| s.split(')').next())
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0);
+            // "46.39MB (48642216) total, 2.38MB (2493807) headers (space savings …), 42.73MB (44801024) data"
+            let exact = |label: &str| -> u64 {
+                rest.split('(')
+                    .filter_map(|p| p.split_once(')'))
+                    .find(|(_, after)| after.trim_start().starts_with(label))
+                    .and_then(|(n, _)| n.parse().ok())
+                    .unwrap_or(0)
+            };
+            m.bytes = exact("total");
+            m.data_bytes = exact("data");
         } else if let Some(rest) = line.strip_prefix("time for request:") {
             let f: Vec<&str> = rest.split_whitespace().collect();
             let us = |s: Option<&&str>| {
@@ -288,6 +294,7 @@ time for request:       63us      5.41ms       182us       166us    99.14%
         let m = parse_h2load(text, Duration::from_secs(1)).expect("parse");
         assert_eq!(m.requests, 43740);
         assert_eq!(m.bytes, 48642216);
+        assert_eq!(m.data_bytes, 44801024);
         assert_eq!(
             m.errors,
             Errors {

@@ -9,6 +9,7 @@ pub mod apply;
 pub mod callgrind;
 pub mod drivers;
 pub mod gateway;
+pub mod grpc;
 pub mod loadgen;
 pub mod procinfo;
 pub mod procs;
@@ -183,6 +184,11 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let mut mock: Option<runner::Mock> = None;
     let mut reports = Vec::new();
     for s in &selected {
+        if s.grpc_transcode {
+            // Its own origin (the grpc-go greeter): the mock stays as it is.
+            reports.push(grpc::run(&ctx, s, &mut progress));
+            continue;
+        }
         let m = match runner::Mock::ensure(mock.take(), &ctx, s) {
             Ok(m) => m,
             Err(e) => {

@@ -167,8 +167,12 @@ impl Report {
         let global: Vec<(usize, String, f64)> = self
             .scenarios
             .iter()
+            // A gRPC scenario's `direct` is the greeter, no baseline for the mock's scenarios.
             .filter(|s| {
-                !s.scenario.compare_drivers && !s.scenario.callgrind && s.scenario.rate.is_none()
+                !s.scenario.compare_drivers
+                    && !s.scenario.callgrind
+                    && !s.scenario.grpc_transcode
+                    && s.scenario.rate.is_none()
             })
             .flat_map(|s| {
                 s.results
@@ -225,8 +229,15 @@ impl Report {
 
     /// A plain-text table of medians for the terminal.
     pub fn text_summary(&self) -> String {
+        let w = self
+            .scenarios
+            .iter()
+            .flat_map(|s| s.results.iter().map(|t| t.target.chars().count()))
+            .max()
+            .unwrap_or(0)
+            .max(8);
         let mut out = format!(
-            "{:<26} {:<8} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7}\n",
+            "{:<26} {:<w$} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7}\n",
             "scenario",
             "target",
             "req/s",
@@ -241,7 +252,7 @@ impl Report {
             for t in &s.results {
                 match &t.median {
                     Some(m) => out.push_str(&format!(
-                        "{:<26} {:<8} {:>10.0} {:>9.0} {:>9.0} {:>9.0} {:>8} {:>8} {:>7}\n",
+                        "{:<26} {:<w$} {:>10.0} {:>9.0} {:>9.0} {:>9.0} {:>8} {:>8} {:>7}\n",
                         s.scenario.name,
                         t.target,
                         m.rps,
@@ -258,12 +269,25 @@ impl Report {
                             .unwrap_or("-".into()),
                     )),
                     None => out.push_str(&format!(
-                        "{:<26} {:<8} skipped: {}\n",
+                        "{:<26} {:<w$} skipped: {}\n",
                         s.scenario.name,
                         t.target,
                         t.skip_reason.as_deref().unwrap_or("?")
                     )),
                 }
+            }
+            if s.results.is_empty() {
+                out.push_str(&format!(
+                    "{:<26} {:<w$} skipped: {}\n",
+                    s.scenario.name,
+                    "-",
+                    s.skip_reason.as_deref().unwrap_or("?")
+                ));
+            }
+        }
+        for s in &self.scenarios {
+            for n in &s.notes {
+                out.push_str(&format!("{}: {n}\n", s.scenario.name));
             }
         }
         out

@@ -391,6 +391,9 @@ pub fn measure(ctx: &Ctx, s: &Scenario, t: &Running, driver: Driver) -> Result<R
 
 /// Number of progress steps a scenario takes.
 pub fn steps(ctx: &Ctx, s: &Scenario) -> usize {
+    if s.grpc_transcode {
+        return crate::grpc::steps(ctx);
+    }
     let targets = s
         .targets
         .iter()

@@ -42,6 +42,8 @@ pub enum Plugins {
     KeyAuth,
     KeyAuthLimitCount,
     LimitCountPrometheus,
+    /// grpc-transcode (`grpc-transcode` scenario only: it writes its own routes, see `grpc`).
+    GrpcTranscode,
 }
 
 impl Plugins {
@@ -53,6 +55,7 @@ impl Plugins {
             Plugins::KeyAuth => &["key-auth"],
             Plugins::KeyAuthLimitCount => &["key-auth", "limit-count"],
             Plugins::LimitCountPrometheus => &["limit-count", "prometheus"],
+            Plugins::GrpcTranscode => &["grpc-transcode"],
         }
     }
 
@@ -96,6 +99,9 @@ pub struct Scenario {
     pub callgrind: bool,
     /// Live-apply run through the Admin API (traditional mode, embedded store) instead of a plain load run.
     pub admin: Option<AdminLoad>,
+    /// gRPC run (see `grpc`): a grpc-go greeter as the origin, h2load as the generator, SayHello called
+    /// directly, proxied as gRPC and transcoded from JSON; no mock.
+    pub grpc_transcode: bool,
 }
 
 /// What a live-apply scenario does through the Admin API (see `apply`).
@@ -139,6 +145,7 @@ impl Scenario {
             compare_drivers: false,
             callgrind: false,
             admin: None,
+            grpc_transcode: false,
         }
     }
 
@@ -310,6 +317,18 @@ pub fn all(duration: Duration) -> Vec<Scenario> {
         s.admin = Some(AdminLoad::Writes { per_sec: 100.0 });
         v.push(s);
     }
+    let mut s = Scenario::base(
+        "grpc-transcode",
+        "grpc",
+        "grpc-go greeter SayHello with h2load: direct gRPC, proxied as gRPC (scheme grpc), transcoded from JSON \
+         (HTTP/1.1 and h2c); Sluice CPU and instructions per request. Needs Go and h2load.",
+        &[TargetKind::Direct, TargetKind::Sluice],
+        duration,
+    );
+    s.routes = 2;
+    s.plugins = Plugins::GrpcTranscode;
+    s.grpc_transcode = true;
+    v.push(s);
     v
 }
 

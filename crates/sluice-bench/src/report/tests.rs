@@ -135,6 +135,42 @@ fn baselines_use_the_direct_run_at_the_same_concurrency() {
 }
 
 #[test]
+fn a_grpc_direct_is_no_baseline_for_the_mock_scenarios() {
+    let mut r = report();
+    let sc = all(Duration::from_secs(1));
+    let grpc = sc
+        .iter()
+        .find(|s| s.name == "grpc-transcode")
+        .expect("scenario")
+        .clone();
+    assert_eq!(grpc.concurrency, r.scenarios[1].scenario.concurrency);
+    // The greeter's direct run at c=32, and no `direct` scenario for route-1 to compare with.
+    r.scenarios.remove(0);
+    r.scenarios.insert(
+        0,
+        ScenarioReport {
+            scenario: grpc,
+            status: "ok".into(),
+            skip_reason: None,
+            results: vec![
+                target("direct", vec![run(1000.0, 1.0)]),
+                target("sluice-grpc", vec![run(500.0, 1.0)]),
+            ],
+            notes: vec![],
+        },
+    );
+    r.compute_baselines();
+    let pct = |s: usize, t: usize| {
+        r.scenarios[s].results[t]
+            .median
+            .as_ref()
+            .and_then(|m| m.pct_of_baseline)
+    };
+    assert_eq!(pct(0, 1), Some(50.0)); // against the greeter, in the scenario
+    assert_eq!(pct(1, 0), None); // route-1: no mock baseline at c=32
+}
+
+#[test]
 fn json_schema_fields_are_stable() {
     let mut r = report();
     r.compute_baselines();
@@ -182,6 +218,44 @@ fn html_is_self_contained() {
         assert!(!h.contains(external), "external reference {external}");
     }
     assert!(html::esc("<a&b>") == "&lt;a&amp;b&gt;");
+}
+
+#[test]
+fn text_summary_shows_long_targets_skipped_scenarios_and_notes() {
+    let mut r = report();
+    let sc = all(Duration::from_secs(1));
+    let grpc = sc
+        .iter()
+        .find(|s| s.name == "grpc-transcode")
+        .expect("scenario")
+        .clone();
+    r.scenarios[1]
+        .results
+        .push(target("sluice-transcode-h2c", vec![run(70.0, 7.0)]));
+    r.scenarios[1].notes.push("a finding".into());
+    r.scenarios.push(ScenarioReport {
+        scenario: grpc,
+        status: "skipped".into(),
+        skip_reason: Some("Go >= 1.25 not found".into()),
+        results: vec![],
+        notes: vec![],
+    });
+    let text = r.text_summary();
+    let lines: Vec<&str> = text.lines().collect();
+    let row = |needle: &str| {
+        lines
+            .iter()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in\n{text}"))
+    };
+    // Columns stay aligned with a target name longer than the old 8-character column.
+    let col = |l: &str| l.find(" 50 ").or_else(|| l.find(" 70 ")).expect("req/s");
+    assert_eq!(
+        col(row("route-1                    sluice ")),
+        col(row("sluice-transcode-h2c"))
+    );
+    assert!(row("grpc-transcode").contains("skipped: Go >= 1.25 not found"));
+    assert!(row("route-1: a finding").starts_with("route-1: "));
 }
 
 #[test]
