@@ -49,11 +49,11 @@ pub(crate) struct Conn<S> {
     shutdown: tokio::sync::watch::Receiver<bool>,
     /// TLS without the client certificate a `skip_mtls_uri_regex` site asks for: only the paths it lists.
     mtls_gate: Option<Arc<crate::tls_server::SkipMtls>>,
-    /// The accepted connection's eviction state (`None` for h2 streams bridged through a `Conn`).
+    /// The accepted connection's eviction state (`None` for h2 streams served by a `Conn`).
     slot: Option<Rc<Slot>>,
     /// Where the first head's deadline counts from.
     opened: tokio::time::Instant,
-    /// An h2 stream carried over the in-memory bridge (the access log says HTTP/2.0).
+    /// One h2 stream (`h2/stream.rs`; the access log says HTTP/2.0).
     h2: bool,
     /// What the client got for the current request, for the access log.
     sent: Sent,
@@ -176,7 +176,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         self
     }
 
-    /// Marks this connection as one h2 stream behind the bridge.
+    /// Marks this connection as one h2 stream.
     pub(crate) fn for_h2_stream(mut self) -> Self {
         self.h2 = true;
         self
@@ -209,7 +209,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             if let Some(s) = &self.slot {
                 s.set_busy();
             }
-            if self.scheme == "http"
+            if !self.h2
+                && self.scheme == "http"
                 && self.w.shared.cfg.enable_http2
                 && crate::h2::upgrade::wants_h2c(&head)
             {

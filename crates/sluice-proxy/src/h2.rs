@@ -1,15 +1,15 @@
 //! HTTP/2 downstream: h2c with prior knowledge on plain listeners and h2 over TLS (ALPN "h2"), served with the
 //! `h2` crate's server.
 //!
-//! Each h2 stream is proxied by the very same HTTP/1.1 request path as a keep-alive connection (`conn::Conn`:
-//! routing, plugins, balancer, retries, the upstream pool, hygiene checks, synthetic error pages), reached through
-//! an in-memory bridge (`h2/bridge.rs`): the stream's request is written to the bridge as an HTTP/1.1 message and the
-//! HTTP/1.1 response read back from it is re-framed as h2 HEADERS/DATA/trailers. One request path means HTTP/2 can
-//! never route or filter differently from HTTP/1.1, at the cost of one in-memory serialize/parse per request.
+//! Each h2 stream is proxied by the very same request path as a keep-alive HTTP/1.1 connection (`conn::Conn`:
+//! routing, plugins, balancer, retries, the upstream pool, hygiene checks, synthetic error pages), run inline in the
+//! stream's task over an IO bound to the stream (`h2/stream.rs`): `Conn` reads the request as an HTTP/1.1 message
+//! and what it writes goes out as h2 HEADERS/DATA/trailers as it is written. One request path means HTTP/2 can
+//! never route or filter differently from HTTP/1.1, at the cost of serialising and parsing each head once more.
 //! `h2/upstream.rs` speaks HTTP/2 to `grpc`/`grpcs` upstreams; `h2/upgrade.rs` turns an HTTP/1.1
 //! `Upgrade: h2c` into an h2 connection whose stream 1 is the upgrading request.
 
-mod bridge;
+mod stream;
 #[cfg(test)]
 mod tests;
 pub(crate) mod upgrade;
@@ -176,7 +176,7 @@ pub(crate) async fn serve_gated<S: AsyncRead + AsyncWrite + Unpin>(
                     let active = active.clone();
                     active.set(active.get() + 1);
                     tokio::task::spawn_local(async move {
-                        bridge::stream(req, respond, peer, local, scheme, w, gate).await;
+                        stream::stream(req, respond, peer, local, scheme, w, gate).await;
                         active.set(active.get() - 1);
                     });
                 }

@@ -1,7 +1,7 @@
 //! HTTP/2 towards upstreams (`scheme: grpc` and Sluice's `h2c` = cleartext prior knowledge, `grpcs` and `h2` = TLS
 //! with ALPN "h2"): one multiplexed client connection per node per worker thread, re-made when it dies.
 //!
-//! `conn::Conn` calls [`exchange`] with a parsed HTTP/1.1 request (on an h2 downstream that is the bridged stream),
+//! `conn::Conn` calls [`exchange`] with a parsed HTTP/1.1 request (on an h2 downstream: the stream's `Conn`),
 //! the head it would forward to an HTTP/1.1 upstream (`forward::request_head`, re-parsed: plugin request edits,
 //! Host per `pass_host`, X-Forwarded-*, hop-by-hop fields dropped, exactly as on the HTTP/1.1 path) and its
 //! downstream stream. The request body and its chunked trailers go out as DATA and a trailers HEADERS frame,
@@ -298,13 +298,13 @@ async fn send_body<R: AsyncRead + Unpin>(
             BodyKind::Chunked => match dec.decode(rbuf).map_err(|e| e.to_string())? {
                 Some(Chunk::Data(d)) => {
                     sent += d.len() as u64;
-                    super::bridge::send_data(tx, d, false)
+                    super::stream::send_data(tx, d, false)
                         .await
                         .map_err(|_| "upstream stream closed")?;
                     continue;
                 }
                 Some(Chunk::End { trailers }) => {
-                    let map = super::bridge::trailer_map(&trailers);
+                    let map = super::stream::trailer_map(&trailers);
                     let r = if map.is_empty() {
                         tx.send_data(Bytes::new(), true)
                     } else {
@@ -320,7 +320,7 @@ async fn send_body<R: AsyncRead + Unpin>(
                     let take = (rbuf.len() as u64).min(left) as usize;
                     left -= take as u64;
                     sent += take as u64;
-                    super::bridge::send_data(tx, rbuf.split_to(take).freeze(), left == 0)
+                    super::stream::send_data(tx, rbuf.split_to(take).freeze(), left == 0)
                         .await
                         .map_err(|_| "upstream stream closed")?;
                 }

@@ -6,6 +6,7 @@ mod ci;
 mod grpc;
 mod grpc_real;
 mod h2spec;
+mod native;
 mod transcode;
 mod transcode_real;
 mod upgrade;
