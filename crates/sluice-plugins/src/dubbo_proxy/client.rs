@@ -167,21 +167,30 @@ async fn run(stream: TcpStream, mut rx: mpsc::UnboundedReceiver<Outgoing>, dead:
     let mut pending: HashMap<u64, oneshot::Sender<Answer>> = HashMap::new();
     let mut frames = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
     let mut buf = vec![0u8; 16 * 1024];
+    let mut wbuf: Vec<u8> = Vec::with_capacity(4096);
     let idle = tokio::time::sleep(HEARTBEAT);
     tokio::pin!(idle);
     let why: String = 'conn: loop {
         tokio::select! {
             out = rx.recv() => {
                 let Some(out) = out else { break 'conn "pool dropped".into() };
-                // A caller that gave up already (timeout) needs no slot.
-                if out.reply.is_closed() {
+                // Every call queued by now leaves in one write.
+                wbuf.clear();
+                let mut next = Some(out);
+                while let Some(out) = next.take().or_else(|| rx.try_recv().ok()) {
+                    // A caller that gave up already (timeout) needs no slot.
+                    if out.reply.is_closed() {
+                        continue;
+                    }
+                    wbuf.extend_from_slice(&out.frame);
+                    pending.insert(out.id, out.reply);
+                }
+                if wbuf.is_empty() {
                     continue;
                 }
-                if let Err(e) = wr.write_all(&out.frame).await {
-                    let _ = out.reply.send(Err(format!("write: {e}")));
+                if let Err(e) = wr.write_all(&wbuf).await {
                     break 'conn format!("write: {e}");
                 }
-                pending.insert(out.id, out.reply);
                 idle.as_mut().reset(tokio::time::Instant::now() + HEARTBEAT);
             }
             n = rd.read(&mut buf) => {
