@@ -175,10 +175,13 @@ pub(crate) async fn serve_gated<S: AsyncRead + AsyncWrite + Unpin>(
                     let (w, gate) = (w.clone(), gate.clone());
                     let active = active.clone();
                     active.set(active.get() + 1);
-                    tokio::task::spawn_local(async move {
+                    // A stream's future holds a whole `Conn` state machine (about 10 KiB): boxed once here,
+                    // the spawn moves a pointer instead of copying it twice more (callgrind: 3 copies = ~31k
+                    // instructions per stream, counted per byte of `rep movsb`).
+                    tokio::task::spawn_local(Box::pin(async move {
                         stream::stream(req, respond, peer, local, scheme, w, gate).await;
                         active.set(active.get() - 1);
-                    });
+                    }));
                 }
                 Some(Err(e)) => {
                     tracing::debug!(peer = %peer, error = %e, "h2 connection error");
