@@ -412,13 +412,14 @@ async fn accept_loop(l: TcpListener, kind: ListenerKind, w: Rc<Worker>) {
         w.active.set(w.active.get() + 1);
         let slot = w.slots.register();
         let guard = ConnGuard(w.clone());
-        let task = tokio::task::spawn_local({
+        // Boxed once: a connection's future (TLS, h2, a `Conn`) is many KiB and the spawn would copy it again.
+        let task = tokio::task::spawn_local(Box::pin({
             let slot = slot.clone();
             async move {
                 let _guard = guard;
                 accept::serve(stream, peer, local, kind, slot, _guard.0.clone()).await;
             }
-        });
+        }));
         slot.set_abort(task.abort_handle());
     }
 }
