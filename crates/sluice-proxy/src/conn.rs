@@ -533,6 +533,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     &view,
                     consumer.as_deref().map(|c| c.username.as_str()),
                 );
+                if let Some(why) = &route.upstream.unsupported {
+                    return self.unsupported(head, route, why).await;
+                }
                 let body_read = req_body.is_some();
                 return self
                     .serve_call(
@@ -555,6 +558,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             }
         };
         let up: &UpstreamRt = &route.upstream;
+        if let Some(why) = &up.unsupported {
+            return self.unsupported(head, route, why).await;
+        }
         let logging = self.w.log.is_some();
         if logging {
             rec.route = Some(route);
@@ -975,6 +981,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 },
             }
         }
+    }
+
+    /// A route whose upstream `type` has no balancer: 500, as APISIX answers when its balancer module is missing.
+    async fn unsupported(
+        &mut self,
+        head: &RequestHead,
+        route: &CompiledRoute,
+        why: &str,
+    ) -> Result<bool, Error> {
+        tracing::error!(route = %route.id, "{why}");
+        self.refuse(head, &Error::upstream(Kind::Internal, why.to_owned()))
+            .await
     }
 
     /// Answers without contacting an upstream. An unread request body means the connection must close.

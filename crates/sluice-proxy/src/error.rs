@@ -30,6 +30,8 @@ pub(crate) enum Kind {
     /// The upstream answered with an invalid response.
     UpstreamProtocol,
     Tls,
+    /// Configured but not servable (an upstream `type` without a balancer): 500, as APISIX's failing `require`.
+    Internal,
 }
 
 #[derive(Debug)]
@@ -104,6 +106,7 @@ pub(crate) fn synthetic(err: &Error) -> Option<Synthetic> {
         | Kind::UpstreamProtocol
         | Kind::Tls => 502,
         Kind::ConnectTimeout | Kind::UpstreamTimeout => 504,
+        Kind::Internal => 500,
     };
     Some(html_page(status))
 }

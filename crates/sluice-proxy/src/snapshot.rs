@@ -116,6 +116,11 @@ pub(crate) struct UpstreamRt {
     source: Upstream,
     /// The `ssls` entry `tls.client_cert_id` named: changing it changes the upstream too.
     client_ssl: Option<sluice_model::Ssl>,
+    /// A `type` Sluice has no balancer for, with several nodes. APISIX accepts any `type` when it is written and
+    /// fails each request that needs a balancer (its `require("apisix.balancer." .. type)` throws; a lone node is
+    /// picked without one): the same here, 500 per request, so that a configuration written for another balancer
+    /// still loads.
+    pub unsupported: Option<Box<str>>,
 }
 
 impl Snapshot {
@@ -385,12 +390,27 @@ impl Prepared {
 }
 
 fn compile_upstream(u: &Upstream, ssls: &tls::SslsById<'_>) -> Result<UpstreamRt, String> {
+    let mut unsupported = None;
     let kind = match u.kind.as_str() {
         "roundrobin" => LbKind::RoundRobin,
         "chash" => LbKind::Chash,
         "least_conn" => LbKind::LeastConn,
         "ewma" => LbKind::Ewma,
-        other => return Err(format!("unknown upstream type {other:?}")),
+        // APISIX picks a lone node without loading a balancer, so only several nodes fail.
+        other
+            if match &u.nodes {
+                sluice_model::Nodes::Map(m) => m.len(),
+                sluice_model::Nodes::List(l) => l.len(),
+            } > 1 =>
+        {
+            tracing::warn!(
+                r#type = other,
+                "upstream type without a balancer: its requests get 500"
+            );
+            unsupported = Some(format!("no balancer for upstream type {other:?}").into());
+            LbKind::RoundRobin
+        }
+        _ => LbKind::RoundRobin,
     };
     // grpc/grpcs and Sluice's h2c/h2: HTTP/2 to the upstream (cleartext prior knowledge / TLS with ALPN h2), see
     // `h2::upstream`.
@@ -503,6 +523,7 @@ fn compile_upstream(u: &Upstream, ssls: &tls::SslsById<'_>) -> Result<UpstreamRt
     Ok(UpstreamRt {
         source: u.clone(),
         client_ssl,
+        unsupported,
         probe_tls: base_tls,
         active: checks.active.map(Arc::new),
         balancer,

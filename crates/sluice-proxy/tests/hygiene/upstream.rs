@@ -79,3 +79,33 @@ fn bad_chunk_from_upstream_never_completes_a_response() {
         other => assert_eq!(other, Some(502), "{text}"),
     }
 }
+
+/// An upstream `type` Sluice has no balancer for loads (APISIX accepts any type when it is written): a lone node is
+/// served (APISIX picks it without a balancer), several nodes answer 500 (APISIX's balancer `require` fails), and
+/// nothing reaches them.
+#[test]
+fn unknown_upstream_type_loads_a_lone_node_serves_several_answer_500() {
+    let origin = Origin::start("hello");
+    let dead = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let res = json!({"routes": [
+        {"id": "many", "uri": "/many", "upstream": {"type": "my_balancer",
+            "nodes": {origin.addr.to_string(): 1, dead.to_string(): 1}}},
+        {"id": "one", "uri": "/one", "upstream": {"type": "my_balancer", "nodes": {origin.addr.to_string(): 1}}}
+    ]});
+    let gw = Gw::start(res, ProxyConfig::default());
+    let out = exchange(
+        gw.addr,
+        b"GET /many HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status(&out), Some(500), "{}", String::from_utf8_lossy(&out));
+    assert_eq!(origin.conns.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let out = exchange(
+        gw.addr,
+        b"GET /one HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status(&out), Some(200), "{}", String::from_utf8_lossy(&out));
+    assert!(String::from_utf8_lossy(&out).ends_with("hello"));
+}
