@@ -93,15 +93,29 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     }))
 }
 
-/// The HTTP answer for a Dubbo answer (APISIX's mapping, see `sluice_dubbo::invoke::dubbo_proxy_response`).
-fn answer(m: Message) -> Result<Response, CallFailure> {
-    let Message::Response { status, result, .. } = m else {
-        return Err(CallFailure {
+/// The status and result of a provider's response (anything else is a failed call).
+fn response_of(
+    m: Message,
+) -> Result<
+    (
+        sluice_dubbo::protocol::Status,
+        Result<sluice_dubbo::protocol::Outcome, String>,
+    ),
+    CallFailure,
+> {
+    match m {
+        Message::Response { status, result, .. } => Ok((status, result)),
+        _ => Err(CallFailure {
             sent: true,
             timeout: false,
             message: "dubbo: the provider answered with something else than a response".into(),
-        });
-    };
+        }),
+    }
+}
+
+/// The HTTP answer for a Dubbo answer (APISIX's mapping, see `sluice_dubbo::invoke::dubbo_proxy_response`).
+fn answer(m: Message) -> Result<Response, CallFailure> {
+    let (status, result) = response_of(m)?;
     match invoke::dubbo_proxy_response(result, status) {
         Ok(reply) => Ok(Response {
             status: reply.status,
@@ -136,13 +150,7 @@ fn generic_call(
 
 /// A generic call's answer: its value as JSON.
 fn generic_answer(m: Message) -> Result<Response, CallFailure> {
-    let Message::Response { status, result, .. } = m else {
-        return Err(CallFailure {
-            sent: true,
-            timeout: false,
-            message: "dubbo: the provider answered with something else than a response".into(),
-        });
-    };
+    let (status, result) = response_of(m)?;
     Ok(match invoke::result_json(result, status) {
         Ok(v) => Response {
             status: 200,

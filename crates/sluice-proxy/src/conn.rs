@@ -869,8 +869,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             let _ = self.rbuf.split_to(n);
         } else if head.body != BodyKind::Empty {
             // An unread body cannot be skipped safely: this connection ends with the answer.
-            let e = Error::downstream(Kind::BadRequest(400), "request body not read by the plugin");
-            tracing::warn!(route = %route.id, "{e}");
+            tracing::warn!(route = %route.id, "request body not read by the plugin");
         }
         let up: &UpstreamRt = &route.upstream;
         let t = route.timeouts;
