@@ -33,6 +33,22 @@ mod switch;
 
 const BUF_SIZE: usize = 8 * 1024;
 
+/// A connection's peer IP and local port as text, formatted once per connection.
+#[derive(Clone)]
+pub(crate) struct AddrText {
+    client_ip: Rc<str>,
+    server_port: Rc<[u8]>,
+}
+
+impl AddrText {
+    pub(crate) fn new(peer: SocketAddr, local: SocketAddr) -> Self {
+        AddrText {
+            client_ip: peer.ip().to_string().into(),
+            server_port: local.port().to_string().into_bytes().into(),
+        }
+    }
+}
+
 pub(crate) struct Conn<S> {
     io: S,
     peer: SocketAddr,
@@ -43,7 +59,7 @@ pub(crate) struct Conn<S> {
     out: BytesMut,
     /// The peer IP as text, formatted once: X-Forwarded-For, X-Real-IP and the `remote_addr` variable use it.
     client_ip: Rc<str>,
-    server_port: Box<[u8]>,
+    server_port: Rc<[u8]>,
     params: Params,
     w: Rc<Worker>,
     shutdown: tokio::sync::watch::Receiver<bool>,
@@ -144,6 +160,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         scheme: &'static str,
         w: Rc<Worker>,
     ) -> Self {
+        Self::with_addrs(io, peer, local, scheme, w, AddrText::new(peer, local))
+    }
+
+    /// [`Conn::new`] with the addresses already formatted: an h2 connection's streams share its [`AddrText`].
+    pub(crate) fn with_addrs(
+        io: S,
+        peer: SocketAddr,
+        local: SocketAddr,
+        scheme: &'static str,
+        w: Rc<Worker>,
+        addrs: AddrText,
+    ) -> Self {
         let shutdown = w.shared.shutdown.subscribe();
         Conn {
             io,
@@ -153,8 +181,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             rbuf: BytesMut::with_capacity(BUF_SIZE),
             ubuf: BytesMut::with_capacity(BUF_SIZE),
             out: BytesMut::with_capacity(BUF_SIZE),
-            client_ip: peer.ip().to_string().into(),
-            server_port: local.port().to_string().into_bytes().into(),
+            client_ip: addrs.client_ip,
+            server_port: addrs.server_port,
             params: Params::new(),
             w,
             shutdown,

@@ -15,7 +15,6 @@
 use std::cell::RefCell;
 use std::future::poll_fn;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{ready, Context, Poll};
@@ -40,11 +39,8 @@ const ROOM: usize = 64 * 1024;
 pub(super) async fn stream(
     req: http::Request<RecvStream>,
     respond: SendResponse<Bytes>,
-    peer: SocketAddr,
-    local: SocketAddr,
-    scheme: &'static str,
+    client: Rc<super::Client>,
     w: Rc<Worker>,
-    gate: Option<std::sync::Arc<crate::tls_server::SkipMtls>>,
 ) {
     let (parts, body) = req.into_parts();
     let mut head = BytesMut::with_capacity(512);
@@ -64,9 +60,11 @@ pub(super) async fn stream(
         resp: Resp::Head,
         unconfirmed: 0,
     }));
-    let run = Conn::new(StreamIo(st.clone()), peer, local, scheme, w)
+    let c = &*client;
+    let io = StreamIo(st.clone());
+    let run = Conn::with_addrs(io, c.peer, c.local, c.scheme, w, c.addrs.clone())
         .for_h2_stream()
-        .with_mtls_gate(gate)
+        .with_mtls_gate(c.gate.clone())
         .run();
     tokio::select! {
         biased;
@@ -272,11 +270,18 @@ impl Stream {
         *resp.status_mut() = status;
         let tokens = connection_tokens(&head.buf, &head.headers);
         let headers = resp.headers_mut();
-        for (name, value) in head.headers_iter() {
+        headers.reserve(head.headers.len());
+        for h in &head.headers {
+            let name = span(&head.buf, h.name);
             if tokens.is_hop_by_hop(name) || name.eq_ignore_ascii_case(b"proxy-connection") {
                 continue;
             }
-            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
+            // Values are slices of the head's buffer: no copy, no allocation per field.
+            let value = head.buf.slice(h.value.0 as usize..h.value.1 as usize);
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name),
+                HeaderValue::from_maybe_shared(value),
+            ) {
                 headers.append(n, v);
             }
         }
@@ -449,6 +454,10 @@ fn request_head(parts: &http::request::Parts, ended: bool, out: &mut BytesMut) -
     }
     out.put_slice(b"\r\n");
     chunked
+}
+
+fn span(buf: &[u8], s: sluice_http::Span) -> &[u8] {
+    buf.get(s.0 as usize..s.1 as usize).unwrap_or_default()
 }
 
 fn put(out: &mut BytesMut, name: &[u8], value: &[u8]) {
