@@ -13,6 +13,7 @@
 # Usage: scripts/h2-bench.sh [OUTDIR]
 #   SLUICE_BINS="before=/path/a after=/path/b"  Sluice builds to compare (default: now=target/release/sluice)
 #   N=200000 ROUNDS=3 MODES="h1 h2c h1-tls h2-tls" PEERS=1 (0: Sluice only) BASE=19300 (ports BASE..BASE+29)
+#   PERF=1 (default when perf is installed): a syscalls/request column, counted with perf stat
 #   CALLGRIND=1: instead, user-space instructions per request of each Sluice build under valgrind's callgrind
 #     (needs valgrind; N defaults to 20000 there, after 2,000 warm-up requests), per mode.
 set -euo pipefail
@@ -20,6 +21,9 @@ OUT=${1:-/tmp/sluice-h2-bench}
 CALLGRIND=${CALLGRIND:-0}
 if [ "$CALLGRIND" = 1 ]; then N=${N:-20000}; PEERS=0; ROUNDS=1; else N=${N:-200000}; fi
 ROUNDS=${ROUNDS:-3}
+# Syscalls per request (the kernel half of the CPU figure) with perf's raw_syscalls tracepoint, when perf can
+# attach (linux-perf, perf_event_paranoid <= 2 for one's own processes): a load-independent check on the CPU column.
+PERF=${PERF:-$(command -v perf > /dev/null 2>&1 && echo 1 || echo 0)}
 MODES=${MODES:-"h1 h2c h1-tls h2-tls"}
 PEERS=${PEERS:-1}
 BASE=${BASE:-19300}
@@ -155,19 +159,29 @@ if [ "$CALLGRIND" = 1 ]; then
   exit 0
 fi
 
-printf '%-14s %-7s %5s %10s %10s %9s %s\n' target mode round req/s us/req 2xx loadavg | tee "$OUT/runs.txt"
+printf '%-14s %-7s %5s %10s %10s %9s %s %s\n' target mode round req/s us/req 2xx loadavg syscalls/req \
+  | tee "$OUT/runs.txt"
 for r in $(seq 1 "$ROUNDS"); do
   for t in $targets; do
     for m in $MODES; do
       load "$t" "$m" $((N / 10)) > /dev/null 2>&1 || true
       c0=$(ticks "${PID[$t]}")
+      if [ "$PERF" = 1 ]; then
+        perf stat -x, -e raw_syscalls:sys_enter -p "${PID[$t]}" -o "$OUT/perf.txt" 2>/dev/null & pp=$!
+        sleep 0.2
+      fi
       load "$t" "$m" "$N" > "$OUT/$t.$m.$r.h2load" 2>&1 || true
       c1=$(ticks "${PID[$t]}")
+      sc=-
+      if [ "$PERF" = 1 ]; then
+        kill -INT "$pp" 2>/dev/null; wait "$pp" 2>/dev/null || true
+        sc=$(awk -F, -v n="$N" '/raw_syscalls/ && $1 ~ /^[0-9]+$/ {printf "%.2f", $1 / n}' "$OUT/perf.txt")
+      fi
       rps=$(grep -oE 'finished in [0-9.]+m?s, [0-9.]+ req/s' "$OUT/$t.$m.$r.h2load" | awk '{print $4}' || true)
       ok=$(grep -oE '[0-9]+ 2xx' "$OUT/$t.$m.$r.h2load" | cut -d' ' -f1 || true)
       us=$(awk -v d=$((c1 - c0)) -v n="$N" -v k="$TCK" 'BEGIN{printf "%.1f", d / k * 1e6 / n}')
-      printf '%-14s %-7s %5d %10.0f %10s %9s %s\n' "$t" "$m" "$r" "${rps:-0}" "$us" "${ok:-0}" \
-        "$(cut -d' ' -f1 /proc/loadavg)" | tee -a "$OUT/runs.txt"
+      printf '%-14s %-7s %5d %10.0f %10s %9s %s %s\n' "$t" "$m" "$r" "${rps:-0}" "$us" "${ok:-0}" \
+        "$(cut -d' ' -f1 /proc/loadavg)" "${sc:--}" | tee -a "$OUT/runs.txt"
     done
   done
 done
@@ -179,6 +193,8 @@ awk 'NR > 1 {
   if (!(k in lo)) { lo[k] = hi[k] = $5; rlo[k] = rhi[k] = $4; order[++n] = k }
   if ($5 < lo[k]) lo[k] = $5; if ($5 > hi[k]) hi[k] = $5
   if ($4 < rlo[k]) rlo[k] = $4; if ($4 > rhi[k]) rhi[k] = $4
+  sc[k] = sc[k] (sc[k] == "" ? "" : " ") $8
 } END { for (i = 1; i <= n; i++) { k = order[i]; split(k, p, " ")
-  printf "%-14s %-7s %6.1f-%-6.1f us/req  %7.0f-%-7.0f req/s\n", p[1], p[2], lo[k], hi[k], rlo[k], rhi[k] } }' \
+  printf "%-14s %-7s %6.1f-%-6.1f us/req  %7.0f-%-7.0f req/s  syscalls/req %s\n", p[1], p[2], lo[k], hi[k],
+    rlo[k], rhi[k], sc[k] } }' \
   "$OUT/runs.txt" | tee -a "$OUT/summary.txt"
