@@ -1,0 +1,98 @@
+// A form generated from a JSON schema served by the Admin API (rjsf), falling back to the editor alone when a
+// schema is beyond what the form library renders.
+import { Component, type ReactNode } from "react";
+import Form from "@rjsf/core";
+import type { RJSFSchema, ErrorSchema } from "@rjsf/utils";
+import { validator } from "./validator";
+
+class Boundary extends Component<{ children: ReactNode; resetKey: string }, { err: string | null; key: string }> {
+  state = { err: null as string | null, key: this.props.resetKey };
+  static getDerivedStateFromError(e: Error) {
+    return { err: e.message };
+  }
+  static getDerivedStateFromProps(p: { resetKey: string }, s: { err: string | null; key: string }) {
+    return p.resetKey !== s.key ? { err: null, key: p.resetKey } : null;
+  }
+  render() {
+    if (this.state.err)
+      return <p className="muted">This schema has no form here ({this.state.err}); use the editor beside it.</p>;
+    return this.props.children;
+  }
+}
+
+/**
+ * What a form leaves behind when a field is cleared: empty strings, empty objects and arrays, undefined. Removed before
+ * saving so an untouched section is not sent as `"timeout": {}`. A plugin's `{}` means "enabled with defaults" and
+ * is kept.
+ */
+export function prune(v: any, keepEmpty = false): any {
+  if (Array.isArray(v)) return v.filter((x) => x !== undefined).map((x) => prune(x));
+  if (!v || typeof v !== "object") return v;
+  const out: any = {};
+  for (const [k, x] of Object.entries(v)) {
+    if (x === undefined || x === "") continue;
+    const p = k === "plugins" ? pruneMap(x) : prune(x);
+    if (!keepEmpty && p && typeof p === "object" && !Array.isArray(p) && Object.keys(p).length === 0 && k !== "plugins") continue;
+    out[k] = p;
+  }
+  return out;
+}
+
+function pruneMap(m: any): any {
+  if (!m || typeof m !== "object" || Array.isArray(m)) return m;
+  const out: any = {};
+  for (const [k, x] of Object.entries(m)) out[k] = prune(x, true);
+  return out;
+}
+
+/** Drops what a form cannot edit usefully: the `plugins` object has its own editor. */
+export function formSchema(schema: any, omit: string[] = []): RJSFSchema {
+  if (!schema || typeof schema !== "object") return {};
+  const s = { ...schema };
+  if (s.properties) {
+    s.properties = { ...s.properties };
+    for (const k of omit) delete s.properties[k];
+  }
+  if (Array.isArray(s.required)) s.required = s.required.filter((r: string) => !omit.includes(r));
+  // Cross-field rules (oneOf required, anyOf) stay with the server: it reports them on save.
+  delete s.oneOf;
+  delete s.anyOf;
+  delete s.not;
+  delete s.dependencies;
+  delete s.if;
+  delete s.then;
+  delete s.else;
+  return s;
+}
+
+export function SchemaForm(props: {
+  schema: RJSFSchema;
+  value: any;
+  onChange: (v: any) => void;
+  readOnly?: boolean;
+  extraErrors?: ErrorSchema;
+  id: string;
+}) {
+  return (
+    <Boundary resetKey={props.id}>
+      <Form
+        schema={props.schema}
+        formData={props.value}
+        validator={validator}
+        idPrefix={props.id}
+        idSeparator="__"
+        readonly={props.readOnly}
+        noHtml5Validate
+        liveValidate={false}
+        showErrorList={false}
+        extraErrors={props.extraErrors}
+        extraErrorsBlockSubmit={false}
+        omitExtraData={false}
+        // The form shows what the resource holds; the server applies the schema's defaults itself.
+        experimental_defaultFormStateBehavior={{ emptyObjectFields: "skipDefaults", arrayMinItems: { populate: "never" } }}
+        onChange={(e) => props.onChange(e.formData)}
+        uiSchema={{ "ui:submitButtonOptions": { norender: true } }}
+      />
+    </Boundary>
+  );
+}
