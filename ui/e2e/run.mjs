@@ -161,14 +161,19 @@ sluice:
 function watchPage(page, name) {
   const problems = [];
   page.on("console", (m) => {
-    if (m.type() === "error" && !/Failed to load resource: the server responded with a status of 404/.test(m.text())) problems.push(`${name} console: ${m.text()}`);
+    // The browser logs every non-2xx answer; the flows provoke some on purpose and check what the UI shows.
+    if (m.type() === "error" && !/^Failed to load resource: the server responded with a status of/.test(m.text())) problems.push(`${name} console: ${m.text()}`);
   });
+  if (process.env.SLUICE_E2E_VERBOSE) page.on("response", (r) => r.status() >= 400 && log(`${name}: ${r.status()} ${r.request().method()} ${r.url()}`));
   page.on("pageerror", (e) => problems.push(`${name} page error: ${e.message}`));
   return problems;
 }
 
 async function login(page, key) {
   await page.goto(`${ctx.admin}/ui/`);
+  // A figure for docs/dashboard.md, not an assertion: load of the login screen on loopback (debug build).
+  const t = await page.evaluate(() => performance.getEntriesByType("navigation")[0]?.loadEventEnd ?? 0);
+  log(`first screen loaded in ${Math.round(t)} ms`);
   await page.getByTestId("key").fill(key);
   await page.getByTestId("login-submit").click();
   await page.getByTestId("role").waitFor();
@@ -243,17 +248,9 @@ async function adminFlow(browser) {
   // Traffic through the proxy moves the live chart's request count.
   await page.goto(`${ctx.admin}/ui/traffic`);
   const stats = await admin("GET", "/stats?seconds=5");
-  if (stats.status === 404) throw new Error("GET /apisix/admin/stats is 404: the live-traffic endpoints are not in this build");
-  await page.getByTestId("stream-state").filter({ hasText: /live|polling/ }).waitFor();
-  const before = Number(await page.getByTestId("total-requests").textContent());
-  for (let i = 0; i < 30; i++) {
-    const res = await fetch(`${ctx.proxy}/e2e`);
-    await res.arrayBuffer();
-    if (res.status !== 200) throw new Error(`proxy answered ${res.status}`);
-  }
-  await until("the live request count to grow by 30", async () => Number(await page.getByTestId("total-requests").textContent()) >= before + 30);
-  log("live chart counted the traffic");
-  await shot(page, "traffic");
+  // SLUICE_E2E_SKIP_STATS=1 is for UI work on a build without the stats endpoints; `make test` never sets it.
+  if (stats.status === 404 && process.env.SLUICE_E2E_SKIP_STATS === "1") log("SKIPPED the live-traffic step: no /stats in this build");
+  else await liveTraffic(page, stats);
 
   // Edit a plugin: limit-count through its schema form; the proxy then sends its headers.
   await page.goto(`${ctx.admin}/ui/routes/r1`);
@@ -267,6 +264,7 @@ async function adminFlow(browser) {
   if (withPlugin.data.value.plugins?.["limit-count"]?.count !== 1000) throw new Error(`plugin not stored: ${JSON.stringify(withPlugin.data)}`);
   await until("limit-count applied on the proxy", async () => (await fetch(`${ctx.proxy}/e2e`)).headers.get("x-ratelimit-limit") === "1000");
   log("limit-count edited through the plugin form and applied");
+  await page.getByTestId("plugins").scrollIntoViewIfNeeded();
   await shot(page, "plugin-editor");
 
   // Roll back to the revision before the plugin edit.
@@ -320,9 +318,24 @@ async function adminFlow(browser) {
   if (!/ 0 failed/.test(summary)) throw new Error(`import: ${summary}: ${await page.getByTestId("import-results").textContent()}`);
   if ((await admin("GET", "/routes/r1")).status !== 200) throw new Error("import did not restore r1");
   log("export/import round trip:", summary);
+  if (process.env.SLUICE_E2E_VERBOSE) log(yamlText);
 
   if (problems.length) throw new Error(problems.join("\n"));
   await context.close();
+}
+
+async function liveTraffic(page, stats) {
+  if (stats.status === 404) throw new Error("GET /apisix/admin/stats is 404: the live-traffic endpoints are not in this build");
+  await page.getByTestId("stream-state").filter({ hasText: /live|polling/ }).waitFor();
+  const before = Number(await page.getByTestId("total-requests").textContent());
+  for (let i = 0; i < 30; i++) {
+    const res = await fetch(`${ctx.proxy}/e2e`);
+    await res.arrayBuffer();
+    if (res.status !== 200) throw new Error(`proxy answered ${res.status}`);
+  }
+  await until("the live request count to grow by 30", async () => Number(await page.getByTestId("total-requests").textContent()) >= before + 30);
+  log("live chart counted the traffic");
+  await shot(page, "traffic");
 }
 
 async function setEditorJson(page, edit) {

@@ -3,17 +3,25 @@
 
 export const BASE = "/apisix/admin";
 const KEY = "sluice.admin_key";
+const ROLE = "sluice.role";
 
 export type Role = "admin" | "viewer";
 
 export function getKey(): string {
   return sessionStorage.getItem(KEY) ?? "";
 }
-export function setKey(k: string) {
+export function setKey(k: string, role: Role) {
   sessionStorage.setItem(KEY, k);
+  sessionStorage.setItem(ROLE, role);
 }
 export function clearKey() {
   sessionStorage.removeItem(KEY);
+  sessionStorage.removeItem(ROLE);
+}
+/** The role found at login, so a reload does not probe again. */
+export function savedRole(): Role | null {
+  const r = sessionStorage.getItem(ROLE);
+  return r === "admin" || r === "viewer" ? r : null;
 }
 
 export class ApiError extends Error {

@@ -1,5 +1,5 @@
 import { lazy, Suspense, useEffect, useState } from "react";
-import { ApiError, clearKey, getKey, setKey, whoami, type Role } from "./api";
+import { ApiError, clearKey, getKey, savedRole, setKey, whoami, type Role } from "./api";
 import { RESOURCES } from "./resources";
 import { RoleContext } from "./role";
 import { Link, navigate, usePath } from "./router";
@@ -23,7 +23,7 @@ function Login(props: { onLogin: (r: Role) => void }) {
     setError(null);
     try {
       const role = await whoami(key);
-      setKey(key);
+      setKey(key, role);
       props.onLogin(role);
     } catch (err) {
       setError(err instanceof ApiError ? `${err.message}` : String(err));
@@ -75,14 +75,17 @@ function Page(props: { path: string }) {
 
 export function App() {
   const path = usePath();
-  const [role, setRole] = useState<Role | null>(null);
-  const [checking, setChecking] = useState(!!getKey());
+  const [role, setRole] = useState<Role | null>(getKey() ? savedRole() : null);
+  const [checking, setChecking] = useState(!!getKey() && !savedRole());
 
   useEffect(() => {
     const k = getKey();
-    if (!k) return;
+    if (!k || savedRole()) return;
     whoami(k)
-      .then(setRole)
+      .then((r) => {
+        setKey(k, r);
+        setRole(r);
+      })
       .catch(() => clearKey())
       .finally(() => setChecking(false));
   }, []);

@@ -66,6 +66,21 @@ async fn get(gw: &Gw, path: &str, extra: &str) -> Answer {
     raw(gw.addr, "GET", path, extra, "").await
 }
 
+/// The body bytes of a GET (the text client above is lossy for binary bodies).
+async fn raw_bytes(addr: std::net::SocketAddr, path: &str, extra: &str) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(15), s.read_to_end(&mut out))
+        .await
+        .expect("answered within 15 s")
+        .unwrap();
+    let at = out.windows(4).position(|w| w == b"\r\n\r\n").expect("head") + 4;
+    out.split_off(at)
+}
+
 fn assert_security_headers(a: &Answer, what: &str) {
     assert_eq!(
         a.header("content-security-policy"),
@@ -202,6 +217,13 @@ async fn hashed_assets_are_immutable_and_served_precompressed() {
             assert!(ctype.starts_with("text/css"), "{path}: {ctype}");
         }
         let plain_len: usize = plain.header("content-length").unwrap().parse().unwrap();
+        // The gzip form decodes to exactly the plain file.
+        let gz = raw_bytes(gw.addr, path, "Accept-Encoding: gzip\r\n").await;
+        let plain_bytes = raw_bytes(gw.addr, path, "").await;
+        let mut decoded = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut decoded)
+            .expect("valid gzip");
+        assert_eq!(decoded, plain_bytes, "{path}");
         for (accept, enc) in [("br, gzip", "br"), ("gzip", "gzip"), ("gzip;q=0, br", "br")] {
             let c = get(&gw, path, &format!("Accept-Encoding: {accept}\r\n")).await;
             assert_eq!(c.status, 200);

@@ -8,6 +8,7 @@ export function Transfer() {
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<string | null>(null);
   const [results, setResults] = useState<ImportResult[]>([]);
+  const [finished, setFinished] = useState(false);
 
   const doExport = async () => {
     setBusy(true);
@@ -31,8 +32,10 @@ export function Transfer() {
     setBusy(true);
     setError(null);
     setResults([]);
+    setFinished(false);
     try {
       await importConfig(yamlText, (r) => setResults((old) => [...old, r]));
+      setFinished(true);
     } catch (e) {
       setError(String((e as Error).message));
     } finally {
@@ -70,7 +73,7 @@ export function Transfer() {
           </tbody>
         </table>
       )}
-      {results.length > 0 && (
+      {finished && (
         <p data-testid="import-summary">{results.filter((r) => r.ok).length} written, {results.filter((r) => !r.ok).length} failed.</p>
       )}
     </section>
