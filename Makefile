@@ -41,6 +41,7 @@ deps-ui:
 	@scripts/deps.sh chromium
 
 test-ui: deps-ui ui
+	cd ui && npm test --silent
 	$(CARGO) build -p sluice
 	cd ui && SLUICE_BIN=../target/debug/sluice node e2e/run.mjs
 

@@ -23,6 +23,9 @@ const IMG = join(repo, "docs/img");
 const ADMIN_KEY = "e2e-admin-key-0123456789abcdef";
 const VIEWER_KEY = "e2e-viewer-key-0123456789abcdef";
 const STEP_TIMEOUT = 15_000;
+// SLUICE_E2E_SKIP_LIVE=1 is for UI work on a build without Sluice's data-plane endpoints (/stats, /match,
+// /whoami); `make test` never sets it, so there a missing endpoint fails the run.
+const SKIP_LIVE = process.env.SLUICE_E2E_SKIP_LIVE === "1";
 const started = Date.now();
 
 const procs = [];
@@ -248,8 +251,7 @@ async function adminFlow(browser) {
   // Traffic through the proxy moves the live chart's request count.
   await page.goto(`${ctx.admin}/ui/traffic`);
   const stats = await admin("GET", "/stats?seconds=5");
-  // SLUICE_E2E_SKIP_STATS=1 is for UI work on a build without the stats endpoints; `make test` never sets it.
-  if (stats.status === 404 && process.env.SLUICE_E2E_SKIP_STATS === "1") log("SKIPPED the live-traffic step: no /stats in this build");
+  if (stats.status === 404 && SKIP_LIVE) log("SKIPPED the live-traffic step: no /stats in this build");
   else await liveTraffic(page, stats);
 
   // Edit a plugin: limit-count through its schema form; the proxy then sends its headers.
@@ -299,8 +301,15 @@ async function adminFlow(browser) {
   await page.getByTestId("t-uri").fill("/e2e");
   await page.getByTestId("t-run").click();
   await page.locator('[data-testid="t-result"], [data-testid="t-error"]').first().waitFor();
-  if (await page.getByTestId("t-result").count()) log("request tester matched");
-  else log("request tester:", await page.getByTestId("t-error").textContent());
+  if (await page.getByTestId("t-result").count()) {
+    const text = await page.getByTestId("t-result").innerText();
+    if (!/Route r1/.test(text) || !text.includes(ctx.mock)) throw new Error(`tester: ${text}`);
+    log("request tester matched r1 ->", ctx.mock);
+  } else {
+    const why = await page.getByTestId("t-error").textContent();
+    if (!(SKIP_LIVE && /match/.test(why))) throw new Error(`request tester: ${why}`);
+    log("SKIPPED the tester's match:", why);
+  }
   if (!(await page.getByTestId("t-curl").textContent()).includes("/e2e")) throw new Error("no curl command");
   await shot(page, "tester");
 
@@ -351,6 +360,9 @@ async function setEditorJson(page, edit) {
 }
 
 async function viewerFlow(browser) {
+  const secret = "jack-secret-key-e2e-5ac1";
+  const put = await admin("PUT", "/consumers", { username: "jack", plugins: { "key-auth": { key: secret } } });
+  if (put.status !== 201 && put.status !== 200) throw new Error(`consumer: ${JSON.stringify(put.data)}`);
   const context = await browser.newContext({ viewport: { width: 1400, height: 900 } });
   context.setDefaultTimeout(STEP_TIMEOUT);
   const page = await context.newPage();
@@ -368,7 +380,15 @@ async function viewerFlow(browser) {
   await page.getByTestId("history").waitFor();
   if (await page.locator('[data-testid^="rollback-"]').count()) throw new Error("viewer sees rollback buttons");
   await shot(page, "viewer");
-  log("viewer UI is read-only");
+  // The viewer sees secrets as the API shows them to a viewer: redacted, never the key.
+  await page.goto(`${ctx.admin}/ui/consumers/jack`);
+  await page.locator('[data-testid="code"] .cm-content').filter({ hasText: "<redacted>" }).waitFor();
+  await page.getByTestId("plugin-key-auth").click();
+  await page.getByTestId("plugin-form-key-auth").waitFor();
+  const everything = (await page.content()) + (await page.locator('[data-testid="code"] .cm-content').innerText());
+  const fields = await page.locator("input").evaluateAll((els) => els.map((e) => e.value).join("\n"));
+  if (everything.includes(secret) || fields.includes(secret)) throw new Error("the viewer's page shows the consumer's key");
+  log("viewer UI is read-only and shows secrets redacted");
   if (problems.length) throw new Error(problems.join("\n"));
   await context.close();
 }

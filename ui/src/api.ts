@@ -56,6 +56,10 @@ export async function api<T = any>(method: string, path: string, body?: unknown,
   } catch {
     data = text;
   }
+  if (res.status === 401 && key === getKey() && key) {
+    // The key stopped working (rotated in config.yaml, or a reload): back to the login screen.
+    window.dispatchEvent(new Event("sluice:unauthorized"));
+  }
   if (!res.ok) {
     const msg =
       (data && typeof data === "object" && (data.error_msg || data.message || data.description)) ||

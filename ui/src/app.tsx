@@ -89,6 +89,14 @@ export function App() {
       .catch(() => clearKey())
       .finally(() => setChecking(false));
   }, []);
+  useEffect(() => {
+    const out = () => {
+      clearKey();
+      setRole(null);
+    };
+    window.addEventListener("sluice:unauthorized", out);
+    return () => window.removeEventListener("sluice:unauthorized", out);
+  }, []);
 
   if (checking) return <p className="muted">…</p>;
   if (!role) return <Login onLogin={setRole} />;

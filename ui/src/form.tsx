@@ -4,6 +4,7 @@ import { Component, type ReactNode } from "react";
 import Form from "@rjsf/core";
 import type { RJSFSchema, ErrorSchema } from "@rjsf/utils";
 import { validator } from "./validator";
+export { prune } from "./prune";
 
 class Boundary extends Component<{ children: ReactNode; resetKey: string }, { err: string | null; key: string }> {
   state = { err: null as string | null, key: this.props.resetKey };
@@ -18,31 +19,6 @@ class Boundary extends Component<{ children: ReactNode; resetKey: string }, { er
       return <p className="muted">This schema has no form here ({this.state.err}); use the editor beside it.</p>;
     return this.props.children;
   }
-}
-
-/**
- * What a form leaves behind when a field is cleared: empty strings, empty objects and arrays, undefined. Removed before
- * saving so an untouched section is not sent as `"timeout": {}`. A plugin's `{}` means "enabled with defaults" and
- * is kept.
- */
-export function prune(v: any, keepEmpty = false): any {
-  if (Array.isArray(v)) return v.filter((x) => x !== undefined).map((x) => prune(x));
-  if (!v || typeof v !== "object") return v;
-  const out: any = {};
-  for (const [k, x] of Object.entries(v)) {
-    if (x === undefined || x === "") continue;
-    const p = k === "plugins" ? pruneMap(x) : prune(x);
-    if (!keepEmpty && p && typeof p === "object" && !Array.isArray(p) && Object.keys(p).length === 0 && k !== "plugins") continue;
-    out[k] = p;
-  }
-  return out;
-}
-
-function pruneMap(m: any): any {
-  if (!m || typeof m !== "object" || Array.isArray(m)) return m;
-  const out: any = {};
-  for (const [k, x] of Object.entries(m)) out[k] = prune(x, true);
-  return out;
 }
 
 /** Drops what a form cannot edit usefully: the `plugins` object has its own editor. */

@@ -11,6 +11,7 @@ export function Tester() {
   const [uri, setUri] = useState("/");
   const [headers, setHeaders] = useState("");
   const [remote, setRemote] = useState("127.0.0.1");
+  const [consumer, setConsumer] = useState("");
   const [proxy, setProxy] = useState(`http://${location.hostname || "127.0.0.1"}:9080`);
   const [result, setResult] = useState<any>(null);
   const [error, setError] = useState<string | null>(null);
@@ -27,7 +28,7 @@ export function Tester() {
     setError(null);
     setResult(null);
     try {
-      const r = await api("POST", "/match", { method, host: host || undefined, uri, headers: hdrs(), remote_addr: remote || undefined });
+      const r = await api("POST", "/match", { method, host: host || undefined, uri, headers: hdrs(), remote_addr: remote || undefined, consumer: consumer || undefined });
       setResult(r.data);
     } catch (e) {
       if (e instanceof ApiError && e.status === 404 && (e.body as any)?.error_msg) setError(String((e.body as any).error_msg));
@@ -55,6 +56,7 @@ export function Tester() {
         <label>host<input value={host} onChange={(e) => setHost(e.target.value)} placeholder="(any)" data-testid="t-host" /></label>
         <label>path and query<input value={uri} onChange={(e) => setUri(e.target.value)} data-testid="t-uri" /></label>
         <label>client address<input value={remote} onChange={(e) => setRemote(e.target.value)} /></label>
+        <label>as consumer (optional)<input value={consumer} onChange={(e) => setConsumer(e.target.value)} placeholder="username" /></label>
         <label className="wide">headers (one <code>Name: value</code> a line)<textarea value={headers} onChange={(e) => setHeaders(e.target.value)} rows={3} data-testid="t-headers" /></label>
       </div>
       <div className="toolbar">
