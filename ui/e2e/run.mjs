@@ -229,6 +229,7 @@ async function adminFlow(browser) {
   const r = await admin("GET", "/routes/r1");
   if (r.status !== 200 || r.data.value.uri !== "/e2e" || r.data.value.upstream_id !== "u1") throw new Error(`route not stored: ${JSON.stringify(r.data)}`);
   log("route r1 created through the form");
+  await page.locator('[data-testid="code"] .cm-content').filter({ hasText: "/e2e" }).waitFor();
   await shot(page, "route-editor");
 
   // A schema error lands on the field it names.

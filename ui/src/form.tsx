@@ -31,6 +31,7 @@ export function formSchema(schema: any, omit: string[] = []): RJSFSchema {
   }
   if (Array.isArray(s.required)) s.required = s.required.filter((r: string) => !omit.includes(r));
   // Cross-field rules (oneOf required, anyOf) stay with the server: it reports them on save.
+  titleOptions(s);
   delete s.oneOf;
   delete s.anyOf;
   delete s.not;
@@ -39,6 +40,23 @@ export function formSchema(schema: any, omit: string[] = []): RJSFSchema {
   delete s.then;
   delete s.else;
   return s;
+}
+
+/** rjsf labels untitled oneOf/anyOf branches "Option 1", "Option 2": name them by what they accept instead. */
+function titleOptions(node: any, seen = new Set<any>()) {
+  if (!node || typeof node !== "object" || seen.has(node)) return;
+  seen.add(node);
+  for (const key of ["oneOf", "anyOf"]) {
+    const opts = node[key];
+    if (!Array.isArray(opts)) continue;
+    node[key] = opts.map((o: any, i: number) => {
+      if (!o || typeof o !== "object" || o.title) return o;
+      const what = o.format ?? (Array.isArray(o.type) ? o.type.join(" or ") : o.type) ?? (o.pattern ? "pattern" : o.anyOf || o.oneOf ? "one of several forms" : o.enum ? "one of a list" : o.required ? `with ${o.required.join(", ")}` : `option ${i + 1}`);
+      const extra = o.type === "array" && o.items?.type ? ` of ${o.items.type}s` : o.pattern && o.type ? " (pattern)" : "";
+      return { ...o, title: `${what}${extra}` };
+    });
+  }
+  for (const v of Object.values(node)) if (v && typeof v === "object") titleOptions(v, seen);
 }
 
 export function SchemaForm(props: {
