@@ -268,6 +268,14 @@ async function adminFlow(browser) {
   if (withPlugin.data.value.plugins?.["limit-count"]?.count !== 1000) throw new Error(`plugin not stored: ${JSON.stringify(withPlugin.data)}`);
   await until("limit-count applied on the proxy", async () => (await fetch(`${ctx.proxy}/e2e`)).headers.get("x-ratelimit-limit") === "1000");
   log("limit-count edited through the plugin form and applied");
+  // The route's effective chain names it, from the route.
+  await page.reload();
+  const eff = page.getByTestId("effective");
+  await eff.locator("table, p").first().waitFor();
+  const effText = await eff.innerText();
+  if (SKIP_LIVE && effText.includes("not available")) log("SKIPPED the effective chain: no /routes/{id}/effective in this build");
+  else if (!/limit-count/.test(effText) || !/route\s+r1/.test(effText)) throw new Error(`effective chain: ${effText}`);
+  else log("effective chain lists limit-count from route r1");
   await page.getByTestId("plugins").scrollIntoViewIfNeeded();
   await shot(page, "plugin-editor");
 

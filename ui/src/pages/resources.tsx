@@ -395,7 +395,11 @@ function EffectiveChain(props: { id: string }) {
   const [note, setNote] = useState<string | null>(null);
   useEffect(() => {
     api("GET", `/routes/${props.id}/effective`)
-      .then((r) => setChain(r.data?.plugins ?? []))
+      .then((r) => {
+        // A gateway without the endpoint answers a GET of a sub-path with the route itself.
+        if (Array.isArray(r.data?.plugins) && !r.data?.key) setChain(r.data.plugins);
+        else setNote("not available on this gateway");
+      })
       .catch((e) => setNote(e instanceof ApiError && e.status === 404 ? "not available on this gateway" : String(e.message)));
   }, [props.id]);
   return (
