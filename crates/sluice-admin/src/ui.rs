@@ -50,14 +50,16 @@ pub(crate) fn handle(method: &str, path: &str, headers: &HeaderMap) -> Option<Re
     if !clean(rest) {
         return Some(plain(StatusCode::NOT_FOUND, "404 Not Found\n"));
     }
+    // The precompressed forms are served in place of their file, never under their own names.
+    let variant = rest.ends_with(".br") || rest.ends_with(".gz");
     let (name, found) = if rest.is_empty() {
         ("index.html", true)
     } else {
-        (rest, Assets::get(rest).is_some())
+        (rest, !variant && Assets::get(rest).is_some())
     };
     let name = if found {
         name
-    } else if last_segment_has_extension(rest) {
+    } else if looks_like_asset(rest) {
         // A missing file, not an app URL: the SPA fallback would hand HTML to a script or style tag.
         return Some(plain(StatusCode::NOT_FOUND, "404 Not Found\n"));
     } else {
@@ -81,8 +83,34 @@ fn clean(rest: &str) -> bool {
         .all(|s| !s.is_empty() && !s.starts_with('.'))
 }
 
-fn last_segment_has_extension(rest: &str) -> bool {
-    rest.rsplit('/').next().is_some_and(|s| s.contains('.'))
+/// A path the app never routes: the build's folder, or a file type the build emits. Resource ids may contain dots
+/// (`/ui/routes/api.v2` is an app URL), so a dot alone does not make a file.
+fn looks_like_asset(rest: &str) -> bool {
+    const EXT: &[&str] = &[
+        "js",
+        "mjs",
+        "css",
+        "map",
+        "html",
+        "json",
+        "txt",
+        "png",
+        "jpg",
+        "svg",
+        "ico",
+        "webmanifest",
+        "woff",
+        "woff2",
+        "wasm",
+        "br",
+        "gz",
+    ];
+    rest.starts_with("assets/")
+        || rest
+            .rsplit('/')
+            .next()
+            .and_then(|s| s.rsplit_once('.'))
+            .is_some_and(|(_, ext)| EXT.contains(&ext.to_ascii_lowercase().as_str()))
 }
 
 fn file(name: &str, head: bool, headers: &HeaderMap) -> Resp {

@@ -156,6 +156,8 @@ async fn redirect_deep_links_missing_files_and_methods() {
     for deep in [
         "/ui/routes",
         "/ui/routes/1",
+        "/ui/routes/api.v2",
+        "/ui/secrets/vault/1",
         "/ui/history/",
         "/ui/traffic?x=1",
     ] {
@@ -165,7 +167,13 @@ async fn redirect_deep_links_missing_files_and_methods() {
         assert_security_headers(&a, deep);
     }
     // A missing file is a 404, never HTML in place of a script.
-    for missing in ["/ui/assets/nope-123.js", "/ui/x.css", "/ui/routes/1.json"] {
+    for missing in [
+        "/ui/assets/nope-123.js",
+        "/ui/assets/nope",
+        "/ui/x.css",
+        "/ui/routes/1.json",
+        "/ui/index.html.gz",
+    ] {
         let a = get(&gw, missing, "").await;
         assert_eq!(a.status, 404, "{missing}");
         assert!(!a.raw_body.contains("<html"), "{missing}");
