@@ -56,11 +56,13 @@ export async function api<T = any>(method: string, path: string, body?: unknown,
   } catch {
     data = text;
   }
-  if (res.status === 401 && key === getKey() && key) {
-    // The key stopped working (rotated in config.yaml, or a reload): back to the login screen.
-    window.dispatchEvent(new Event("sluice:unauthorized"));
-  }
   if (!res.ok) {
+    const why = data && typeof data === "object" ? String(data.description ?? "") : "";
+    if (res.status === 401 && key && key === getKey() && /wrong apikey|missing apikey/.test(why)) {
+      // The key stopped working (changed in config.yaml and reloaded): back to the login screen. A viewer's
+      // refused write ("invalid method for role viewer") is not that.
+      window.dispatchEvent(new Event("sluice:unauthorized"));
+    }
     const msg =
       (data && typeof data === "object" && (data.error_msg || data.message || data.description)) ||
       (typeof data === "string" && data) ||
