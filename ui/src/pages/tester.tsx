@@ -57,7 +57,7 @@ export function Tester() {
         <label>path and query<input value={uri} onChange={(e) => setUri(e.target.value)} data-testid="t-uri" /></label>
         <label>client address<input value={remote} onChange={(e) => setRemote(e.target.value)} /></label>
         <label>as consumer (optional)<input value={consumer} onChange={(e) => setConsumer(e.target.value)} placeholder="username" /></label>
-        <label className="wide">headers (one <code>Name: value</code> a line)<textarea value={headers} onChange={(e) => setHeaders(e.target.value)} rows={3} data-testid="t-headers" /></label>
+        <label className="wide"><span>headers (one <code>Name: value</code> a line)</span><textarea value={headers} onChange={(e) => setHeaders(e.target.value)} rows={3} data-testid="t-headers" /></label>
       </div>
       <div className="toolbar">
         <button className="primary" onClick={run} data-testid="t-run">Match</button>
