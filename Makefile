@@ -18,7 +18,7 @@ RUN_PKGS := $(BUILD_PKGS) curl
 TEST_PKGS := $(BUILD_PKGS) etcd-server redis-server nginx haproxy wrk nghttp2-client curl openssl procps util-linux python3-venv
 BENCH_PKGS := $(BUILD_PKGS) nginx haproxy wrk nghttp2-client valgrind
 
-.PHONY: run test lint build bench deps-test deps-run deps-bench deps-go deps-ui ui test-ui clean-data
+.PHONY: run test lint build bench deps-test deps-run deps-bench deps-go deps-ui ui test-ui ui-screenshots clean-data
 
 build: deps-run ui
 	@scripts/toolchain.sh
@@ -44,6 +44,11 @@ test-ui: deps-ui ui
 	cd ui && npm test --silent
 	$(CARGO) build -p sluice
 	cd ui && SLUICE_BIN=../target/debug/sluice node e2e/run.mjs
+
+# The same run, writing its screenshots into docs/img/dashboard-*.png (docs/dashboard.md shows them).
+ui-screenshots: deps-ui ui
+	$(CARGO) build -p sluice
+	cd ui && SLUICE_E2E_SHOTS=docs SLUICE_BIN=../target/debug/sluice node e2e/run.mjs
 
 deps-run:
 	@scripts/deps.sh $(RUN_PKGS)

@@ -2,7 +2,7 @@
 // Sluice: a temp config with an embedded store, an admin and a viewer key, and a `sluice mock` origin. It logs in,
 // creates an upstream and a route through the forms, sends traffic through the proxy and watches the live chart's
 // request count move, edits a plugin and sees it applied, rolls back and sees it gone, and checks the viewer's
-// read-only UI. Screenshots of the main screens go to docs/img/dashboard-*.png.
+// read-only UI. Screenshots of the main screens go to docs/img/dashboard-*.png (SLUICE_E2E_SHOTS=docs).
 //
 //   node e2e/run.mjs                 (SLUICE_BIN=path/to/sluice, default ../target/debug/sluice)
 //
@@ -19,7 +19,9 @@ const here = dirname(fileURLToPath(import.meta.url));
 const repo = resolve(here, "../..");
 const BIN = resolve(process.env.SLUICE_BIN ?? join(repo, "target/debug/sluice"));
 const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
-const IMG = join(repo, "docs/img");
+// Screenshots of the main screens: into docs/img with SLUICE_E2E_SHOTS=docs (`make ui-screenshots`), else a temp
+// dir, so a test run leaves the committed images alone.
+const IMG = process.env.SLUICE_E2E_SHOTS === "docs" ? join(repo, "docs/img") : join(tmpdir(), "sluice-ui-e2e-shots");
 const ADMIN_KEY = "e2e-admin-key-0123456789abcdef";
 const VIEWER_KEY = "e2e-viewer-key-0123456789abcdef";
 const STEP_TIMEOUT = 15_000;
