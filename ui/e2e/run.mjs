@@ -25,6 +25,7 @@ const IMG = process.env.SLUICE_E2E_SHOTS === "docs" ? join(repo, "docs/img") : j
 const ADMIN_KEY = "e2e-admin-key-0123456789abcdef";
 const VIEWER_KEY = "e2e-viewer-key-0123456789abcdef";
 const STEP_TIMEOUT = 15_000;
+const JACK_KEY = "jack-secret-key-e2e-5ac1";
 // SLUICE_E2E_SKIP_LIVE=1 is for UI work on a build without Sluice's data-plane endpoints (/stats, /match,
 // /whoami); `make test` never sets it, so there a missing endpoint fails the run.
 const SKIP_LIVE = process.env.SLUICE_E2E_SKIP_LIVE === "1";
@@ -341,6 +342,28 @@ async function adminFlow(browser) {
   log("export/import round trip:", summary);
   if (process.env.SLUICE_E2E_VERBOSE) log(yamlText);
 
+  // A consumer and its credential through the forms (the credential's key-auth form is the consumer schema).
+  await page.goto(`${ctx.admin}/ui/consumers/new`);
+  await page.getByTestId("new-id").fill("jack");
+  await page.locator("#f-consumers-new__desc").fill("e2e consumer");
+  await page.getByTestId("save").click();
+  await page.waitForURL(/\/ui\/consumers\/jack$/);
+  await page.getByTestId("list-consumers/jack/credentials").getByTestId("create").click();
+  await page.waitForURL(/\/ui\/consumers\/jack\/credentials\/new$/);
+  await page.getByTestId("new-id").fill("c1");
+  await page.getByTestId("plugin-pick").selectOption("key-auth");
+  await page.getByTestId("plugin-add").click();
+  await page.locator("#p-key-auth__key").fill(JACK_KEY);
+  await page.getByTestId("save").click();
+  await page.waitForURL(/\/ui\/consumers\/jack\/credentials\/c1$/);
+  await until("jack's credential to be stored", async () => {
+    const cred = await admin("GET", "/consumers/jack/credentials/c1");
+    return cred.status === 200 && cred.data.value.plugins?.["key-auth"];
+  });
+  await page.goto(`${ctx.admin}/ui/consumers/jack`);
+  await page.getByTestId("row-c1").waitFor();
+  log("consumer jack and credential c1 created through the forms");
+
   if (problems.length) throw new Error(problems.join("\n"));
   await context.close();
 }
@@ -372,9 +395,6 @@ async function setEditorJson(page, edit) {
 }
 
 async function viewerFlow(browser) {
-  const secret = "jack-secret-key-e2e-5ac1";
-  const put = await admin("PUT", "/consumers", { username: "jack", plugins: { "key-auth": { key: secret } } });
-  if (put.status !== 201 && put.status !== 200) throw new Error(`consumer: ${JSON.stringify(put.data)}`);
   const context = await browser.newContext({ viewport: { width: 1400, height: 900 } });
   context.setDefaultTimeout(STEP_TIMEOUT);
   const page = await context.newPage();
@@ -393,7 +413,8 @@ async function viewerFlow(browser) {
   if (await page.locator('[data-testid^="rollback-"]').count()) throw new Error("viewer sees rollback buttons");
   await shot(page, "viewer");
   // The viewer sees secrets as the API shows them to a viewer: redacted, never the key.
-  await page.goto(`${ctx.admin}/ui/consumers/jack`);
+  const secret = JACK_KEY;
+  await page.goto(`${ctx.admin}/ui/consumers/jack/credentials/c1`);
   await page.locator('[data-testid="code"] .cm-content').filter({ hasText: "<redacted>" }).waitFor();
   await page.getByTestId("plugin-key-auth").click();
   await page.getByTestId("plugin-form-key-auth").waitFor();
