@@ -66,7 +66,7 @@ export function CodeEditor(props: {
     });
     view.current = v;
     return () => v.destroy();
-    // eslint-disable-next-line react-hooks/exhaustive-deps
+    // Rebuilt only for a language or mode switch; value changes go through the effect below (keeps the cursor).
   }, [props.lang, props.readOnly]);
 
   useEffect(() => {

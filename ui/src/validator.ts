@@ -27,7 +27,8 @@ function pointerToPath(p: string): string[] {
 }
 
 export const validator: ValidatorType = {
-  validateFormData(formData, schema, customValidate, transformErrors, uiSchema): ValidationData<any> {
+  // The dashboard passes no customValidate.
+  validateFormData(formData, schema, _customValidate, transformErrors, uiSchema): ValidationData<any> {
     let errors: RJSFValidationError[] = [];
     try {
       const r = validatorFor(schema).validate(formData ?? {});
@@ -46,9 +47,6 @@ export const validator: ValidatorType = {
       let node: any = errorSchema;
       for (const seg of (e.property ?? ".").split(".").filter(Boolean)) node = node[seg] ??= {};
       (node.__errors ??= []).push(e.message ?? "");
-    }
-    if (customValidate) {
-      // Not used by the dashboard.
     }
     return { errors, errorSchema };
   },

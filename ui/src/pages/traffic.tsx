@@ -135,7 +135,6 @@ function Chart(props: { title: string; xs: number[]; series: { label: string; va
     const u = new uPlot(opts, [props.xs, ...props.series.map((s) => s.values)] as uPlot.AlignedData, el.current!);
     plot.current = u;
     return () => u.destroy();
-    // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [labels]);
   useEffect(() => {
     plot.current?.setData([props.xs, ...props.series.map((s) => s.values)] as uPlot.AlignedData);
@@ -182,7 +181,6 @@ export function Traffic() {
         { label: "out", values: col((s) => s.bytes_out), stroke: "#7c3aed" },
       ],
     }),
-    // eslint-disable-next-line react-hooks/exhaustive-deps
     [points, scope],
   );
 
