@@ -18,11 +18,37 @@ RUN_PKGS := $(BUILD_PKGS) curl
 TEST_PKGS := $(BUILD_PKGS) etcd-server redis-server nginx haproxy wrk nghttp2-client curl openssl procps util-linux python3-venv
 BENCH_PKGS := $(BUILD_PKGS) nginx haproxy wrk nghttp2-client valgrind
 
-.PHONY: run test lint build bench deps-test deps-run deps-bench deps-go clean-data
+.PHONY: run test lint build bench deps-test deps-run deps-bench deps-go deps-ui ui test-ui ui-screenshots clean-data
 
-build: deps-run
+build: deps-run ui
 	@scripts/toolchain.sh
 	$(CARGO) build --release -p sluice
+
+# The dashboard (docs/dashboard.md): ui/dist, embedded into the binary at /ui/ by crates/sluice-admin/build.rs
+# (without it the binary serves a page saying to run this). Node.js 20.19+ and npm (the machine's, or Debian's).
+# npm ci runs again only when the lockfile changed.
+ui: ui/node_modules/.package-lock.json
+	cd ui && npm run build --silent
+	@cd ui && npm run size --silent
+
+ui/node_modules/.package-lock.json: ui/package-lock.json ui/package.json
+	@command -v npm >/dev/null 2>&1 || scripts/deps.sh nodejs npm
+	cd ui && npm ci --no-audit --no-fund
+	@touch $@
+
+# The dashboard's browser tests drive Debian's chromium through playwright-core (no browser download).
+deps-ui:
+	@scripts/deps.sh chromium
+
+test-ui: deps-ui ui
+	cd ui && npm test --silent
+	$(CARGO) build -p sluice
+	cd ui && SLUICE_BIN=../target/debug/sluice node e2e/run.mjs
+
+# The same run, writing its screenshots into docs/img/dashboard-*.png (docs/dashboard.md shows them).
+ui-screenshots: deps-ui ui
+	$(CARGO) build -p sluice
+	cd ui && SLUICE_E2E_SHOTS=docs SLUICE_BIN=../target/debug/sluice node e2e/run.mjs
 
 deps-run:
 	@scripts/deps.sh $(RUN_PKGS)
@@ -49,8 +75,9 @@ lint: deps-run
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: deps-test deps-go lint
+test: deps-test deps-go ui lint
 	$(CARGO) test --workspace --no-fail-fast
+	$(MAKE) test-ui
 
 bench: deps-bench build
 	$(BIN) bench --out bench-out

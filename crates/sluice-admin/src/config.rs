@@ -40,6 +40,8 @@ pub struct AdminConfig {
     pub standalone: bool,
     /// `enable_admin_cors` (APISIX's default: on): CORS headers on every answer, OPTIONS answered before auth.
     pub cors: bool,
+    /// `enable_admin_ui` (APISIX 3.13+'s default: on): the dashboard at `/ui/` on this listener.
+    pub ui: bool,
 }
 
 impl Default for AdminConfig {
@@ -55,6 +57,7 @@ impl Default for AdminConfig {
                 .collect(),
             standalone: false,
             cors: true,
+            ui: true,
         }
     }
 }
@@ -83,6 +86,9 @@ impl AdminConfig {
         }
         if let Some(b) = admin.get("enable_admin_cors").and_then(Value::as_bool) {
             out.cors = b;
+        }
+        if let Some(b) = admin.get("enable_admin_ui").and_then(Value::as_bool) {
+            out.ui = b;
         }
         if let Some(list) = admin.get("admin_key").and_then(Value::as_array) {
             for (i, row) in list.iter().enumerate() {
@@ -198,5 +204,13 @@ mod tests {
         let d = AdminConfig::from_node_config(&NodeConfig::default()).unwrap();
         assert_eq!(d.listen.to_string(), "127.0.0.1:9180");
         assert!(!d.standalone);
+        assert!(
+            d.ui,
+            "the dashboard is on by default, as APISIX's enable_admin_ui"
+        );
+        let off =
+            AdminConfig::from_node_config(&cfg(serde_json::json!({"enable_admin_ui": false})))
+                .unwrap();
+        assert!(!off.ui);
     }
 }

@@ -177,6 +177,11 @@ async fn handle(
             Reply::json(403, Value::String("403 Forbidden".into())),
         );
     }
+    if state.config.ui {
+        if let Some(r) = crate::ui::handle(req.method().as_str(), req.uri().path(), req.headers()) {
+            return r;
+        }
+    }
     let method = req.method().as_str().to_owned();
     if method == "OPTIONS" && state.config.cors {
         return preflight();

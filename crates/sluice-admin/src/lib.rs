@@ -5,7 +5,7 @@
 //! store's watch channel.
 //!
 //! Layout: `config` (node settings), `http` (hyper glue, auth), `handlers` (generic verbs), `resources`
-//! (declared resources), `patch` (PATCH semantics), `history` (revisions, diff, rollback, status).
+//! (declared resources), `patch` (PATCH semantics), `history` (revisions, diff, rollback, status), `ui` (the dashboard's embedded files at `/ui/`).
 
 mod config;
 mod handlers;
@@ -13,6 +13,7 @@ mod history;
 mod http;
 mod patch;
 mod resources;
+mod ui;
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use sluice_store::kv::Store;
 
 pub use config::{AdminConfig, AdminKey, Role, SAMPLE_KEYS};
 pub use http::serve;
+pub use ui::{BUILT as UI_BUILT, CSP as UI_CSP};
 
 /// The plugins this build knows: the Admin API checks `plugins` objects through it and serves its schemas.
 pub trait PluginCatalog: Send + Sync {

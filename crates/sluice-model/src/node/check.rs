@@ -211,7 +211,7 @@ pub(crate) const KEYS: &[Key] = &[
     s("deployment.admin.admin_listen.ip", Str),
     s("deployment.admin.admin_listen.port", Port),
     a("deployment.admin.enable_admin_cors"),
-    a("deployment.admin.enable_admin_ui"),
+    s("deployment.admin.enable_admin_ui", Bool),
     a("deployment.admin.https_admin"),
     a("deployment.admin.admin_api_mtls"),
     a("deployment.admin.admin_api_version"),
