@@ -33,6 +33,8 @@ ui: ui/node_modules/.package-lock.json
 
 ui/node_modules/.package-lock.json: ui/package-lock.json ui/package.json
 	@command -v npm >/dev/null 2>&1 || scripts/deps.sh nodejs npm
+	@node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a==20&&b>=19)?0:1)' \
+	  || { echo "the dashboard build (Vite) needs Node.js 20.19 or newer; found $$(node --version)" >&2; exit 1; }
 	cd ui && npm ci --no-audit --no-fund
 	@touch $@
 
