@@ -1,9 +1,8 @@
-//! The Redis plumbing that limit-count and limit-req share for their `redis` / `redis-cluster` policies: the
-//! policy fields of their configurations ([`RedisConf`]), blocking connections ([`Conn`]), and one background
-//! thread per backend that batches every active key's locally admitted requests into Redis each interval and
-//! marks the backend down while Redis cannot be reached ([`Syncers`]). The request path never talks to Redis;
-//! it reads the per-key state the thread keeps current. Not here: each plugin's Lua script and counter maths
-//! ([`Synced::push`] and the entry types in `limit_count/remote.rs`, `limit_req/remote.rs`).
+//! The Redis plumbing of the limit plugins' `redis` / `redis-cluster` policies: the policy fields of their
+//! configurations ([`RedisConf`]) and blocking connections ([`Conn`]), shared with limit-count's and limit-conn's
+//! awaited calls ([`crate::redis_lease`]); and limit-req's syncs: one background thread per backend that batches
+//! every active key's locally admitted requests into Redis each interval and marks the backend down while Redis
+//! cannot be reached ([`Syncers`]). Not here: each plugin's Lua script and counter maths.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -80,6 +79,10 @@ pub(crate) fn with_redis_schema(mut schema: Value) -> Value {
 }
 
 impl RedisConf {
+    pub(crate) fn timeout_ms(&self) -> u64 {
+        self.redis_timeout
+    }
+
     /// The backend to sync with and how to reach it; `None` for policy `local`.
     pub(crate) fn connect(&self, interval: Duration) -> Result<Option<Connect>, String> {
         let auth = match (&self.redis_username, &self.redis_password) {
@@ -139,7 +142,11 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
-    fn open(b: &Backend, timeout: Duration, password: Option<&str>) -> redis::RedisResult<Conn> {
+    pub(crate) fn open(
+        b: &Backend,
+        timeout: Duration,
+        password: Option<&str>,
+    ) -> redis::RedisResult<Conn> {
         match b {
             Backend::Single { url } => {
                 let c = redis::Client::open(url.as_str())?;

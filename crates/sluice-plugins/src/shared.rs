@@ -16,7 +16,7 @@ pub struct Shared {
     pub(crate) conns: Arc<ConnStore>,
     /// limit-req's leaky buckets.
     pub(crate) buckets: Arc<BucketStore>,
-    /// limit-count's Redis backends and their sync threads.
+    /// limit-count's Redis backends and their lease threads.
     pub(crate) remote: Arc<crate::limit_count::remote::RemoteStore>,
     /// limit-req's Redis backends and their sync threads.
     pub(crate) req_remote: Arc<crate::limit_req::remote::RemoteBuckets>,

@@ -1,0 +1,94 @@
+//! Redis calls that request hooks await (limit-count's quota leases, limit-conn's in-flight counters): one thread
+//! per Redis backend owns a blocking connection ([`Conn`]) and runs the jobs the hooks queue, in order. A hook
+//! queues a job and awaits its answer through [`crate::Ctx::await_io`] and a oneshot channel, so the worker's
+//! runtime never blocks; the job runs the script and hands the answer back.
+//!
+//! Why a thread and not an async client on each worker's runtime: the workers are current-thread runtimes, a
+//! multiplexed async connection would be tied to the one that opened it (or one per worker and backend), and the
+//! jobs are rare (a lease serves many requests). The blocking `redis` connection is the one limit-req's syncs use.
+//!
+//! While Redis cannot be reached, a job gets no connection (`None`) and fails at once; a reconnect is tried for the
+//! first job at least [`RETRY`] after the last failure, so recovery takes one connect once Redis is back.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::redis_sync::{Backend, Conn, Connect};
+
+/// How long after a failed connect or command the next job fails without trying.
+pub(crate) const RETRY: Duration = Duration::from_millis(50);
+
+/// A Redis call run on the backend's thread: given the connection (`None` while Redis is unreachable), it answers
+/// its hook and says whether Redis worked (false drops the connection).
+pub(crate) type Job = Box<dyn FnOnce(Option<&mut Conn>) -> bool + Send>;
+
+/// One backend's queue.
+pub(crate) struct Leaser {
+    tx: Mutex<mpsc::Sender<Job>>,
+}
+
+impl Leaser {
+    /// Queues `job`; false when the backend's thread is gone (then the job was dropped unrun).
+    pub(crate) fn run(&self, job: Job) -> bool {
+        let tx = match self.tx.lock() {
+            Ok(t) => t,
+            Err(p) => p.into_inner(),
+        };
+        tx.send(job).is_ok()
+    }
+}
+
+/// The backends of one [`crate::Shared`], each with its thread (ended when the last [`Leaser`] is dropped).
+#[derive(Default)]
+pub(crate) struct Leasers {
+    by_backend: Mutex<HashMap<Backend, Arc<Leaser>>>,
+}
+
+impl Leasers {
+    /// The queue of a backend (its thread started on first use). Compile-time only.
+    pub(crate) fn leaser(&self, c: Connect, plugin: &'static str) -> Arc<Leaser> {
+        let mut m = match self.by_backend.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(l) = m.get(&c.backend) {
+            return l.clone();
+        }
+        let (tx, rx) = mpsc::channel::<Job>();
+        let backend = c.backend.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("sluice-{plugin}-redis"))
+            .spawn(move || serve(rx, c));
+        if let Err(e) = spawned {
+            // The receiver is gone with the closure: every job fails, as with Redis down.
+            tracing::error!(error = %e, "{plugin}: cannot start the redis thread");
+        }
+        let l = Arc::new(Leaser { tx: Mutex::new(tx) });
+        m.insert(backend, l.clone());
+        l
+    }
+}
+
+fn serve(rx: mpsc::Receiver<Job>, c: Connect) {
+    let mut conn: Option<Conn> = None;
+    let mut failed_at: Option<Instant> = None;
+    while let Ok(job) = rx.recv() {
+        if conn.is_none() && failed_at.is_none_or(|t| t.elapsed() >= RETRY) {
+            match Conn::open(&c.backend, c.timeout, c.password.as_deref()) {
+                Ok(con) => {
+                    conn = Some(con);
+                    failed_at = None;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "redis connect failed");
+                    failed_at = Some(Instant::now());
+                }
+            }
+        }
+        if !job(conn.as_mut()) && conn.take().is_some() {
+            failed_at = Some(Instant::now());
+        }
+    }
+}
