@@ -18,6 +18,8 @@ pub struct Shared {
     pub(crate) buckets: Arc<BucketStore>,
     /// limit-count's Redis backends and their lease threads.
     pub(crate) remote: Arc<crate::limit_count::remote::RemoteStore>,
+    /// limit-conn's Redis backends and their threads.
+    pub(crate) conn_remote: Arc<crate::redis_lease::Leasers>,
     /// limit-req's Redis backends and their sync threads.
     pub(crate) req_remote: Arc<crate::limit_req::remote::RemoteBuckets>,
     /// file-logger's writer threads.
