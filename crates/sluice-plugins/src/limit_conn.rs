@@ -94,7 +94,7 @@ fn hour() -> i64 {
 
 fn check(v: &Value) -> Result<(), String> {
     let c: Conf = parse(&schema(), v)?;
-    c.redis.connect(Duration::ZERO).map(drop)
+    c.redis.connect().map(drop)
 }
 
 /// KEYS[1]: the key's set of requests in flight. ARGV: the limit (`conn + burst`), `key_ttl`, the request's id.
@@ -233,7 +233,7 @@ impl Rule {
 
 fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     let c: Conf = parse(&schema(), v)?;
-    let remote = match c.redis.connect(Duration::ZERO)? {
+    let remote = match c.redis.connect()? {
         Some(conn) => {
             let budget = crate::limit_count::remote::wait_budget(conn.timeout);
             let prefix = match env.consumer_scope() {

@@ -84,7 +84,7 @@ fn neg() -> f64 {
 fn remote_connect(c: &Conf) -> Result<Option<Connect>, String> {
     // `sync_interval` (APISIX's delayed sync) is accepted and has no use: leases keep the count exact.
     let _ = c.sync_interval;
-    c.redis.connect(Duration::ZERO)
+    c.redis.connect()
 }
 
 pub(crate) fn remote_addr() -> String {

@@ -15,6 +15,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::sync::oneshot;
+
 use crate::redis_sync::{Backend, Conn, Connect};
 
 /// How long after a failed connect or command the next job fails without trying.
@@ -91,4 +93,35 @@ fn serve(rx: mpsc::Receiver<Job>, c: Connect) {
             failed_at = Some(Instant::now());
         }
     }
+}
+
+/// Runs `cmd` on the backend's thread; the receiver gets its answer, or `None` when Redis failed or cannot be
+/// reached (a receiver whose sender is dropped unanswered means the same).
+pub(crate) fn call<T>(
+    leaser: &Leaser,
+    cmd: redis::Cmd,
+    what: &'static str,
+) -> oneshot::Receiver<Option<T>>
+where
+    T: redis::FromRedisValue + Send + 'static,
+{
+    let (tx, rx) = oneshot::channel();
+    leaser.run(Box::new(move |con| {
+        let Some(con) = con else {
+            let _ = tx.send(None);
+            return true;
+        };
+        match con.query::<T>(&cmd) {
+            Ok(v) => {
+                let _ = tx.send(Some(v));
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "{what}: redis failed");
+                let _ = tx.send(None);
+                false
+            }
+        }
+    }));
+    rx
 }

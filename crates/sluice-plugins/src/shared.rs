@@ -20,8 +20,8 @@ pub struct Shared {
     pub(crate) remote: Arc<crate::limit_count::remote::RemoteStore>,
     /// limit-conn's Redis backends and their threads.
     pub(crate) conn_remote: Arc<crate::redis_lease::Leasers>,
-    /// limit-req's Redis backends and their sync threads.
-    pub(crate) req_remote: Arc<crate::limit_req::remote::RemoteBuckets>,
+    /// limit-req's Redis backends and their threads.
+    pub(crate) req_remote: Arc<crate::redis_lease::Leasers>,
     /// file-logger's writer threads.
     pub(crate) writers: Arc<crate::file_logger::Writers>,
     /// http-logger's batch senders.
