@@ -298,7 +298,13 @@ impl LimitConn {
                 .arg(&job_id);
             match con.query::<(i64, i64)>(&cmd) {
                 Ok(a) => {
-                    let _ = tx.send(Some(a));
+                    // The request went away (client closed, or the wait's budget ran out) before the answer:
+                    // its slot is given back at once rather than after `key_ttl`.
+                    if tx.send(Some(a)).is_err() && a.0 == 1 {
+                        let mut rem = redis::cmd("ZREM");
+                        rem.arg(&job_key).arg(&job_id);
+                        return con.query::<i64>(&rem).is_ok();
+                    }
                     true
                 }
                 Err(e) => {

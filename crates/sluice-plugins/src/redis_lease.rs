@@ -1,11 +1,13 @@
-//! Redis calls that request hooks await (limit-count's quota leases, limit-conn's in-flight counters): one thread
-//! per Redis backend owns a blocking connection ([`Conn`]) and runs the jobs the hooks queue, in order. A hook
-//! queues a job and awaits its answer through [`crate::Ctx::await_io`] and a oneshot channel, so the worker's
-//! runtime never blocks; the job runs the script and hands the answer back.
+//! Redis calls that request hooks await (limit-count's quota leases, limit-req's bucket, limit-conn's in-flight
+//! set): one thread per Redis backend (and plugin) owns a blocking connection ([`Conn`]) and runs the jobs the
+//! hooks queue, in order. A hook queues a job and awaits its answer through [`crate::Ctx::await_io`] and a oneshot
+//! channel, so the worker's runtime never blocks; the job runs the script and hands the answer back.
 //!
-//! Why a thread and not an async client on each worker's runtime: the workers are current-thread runtimes, a
-//! multiplexed async connection would be tied to the one that opened it (or one per worker and backend), and the
-//! jobs are rare (a lease serves many requests). The blocking `redis` connection is the one limit-req's syncs use.
+//! Why a thread and not an async client on each worker's runtime: the workers are current-thread runtimes, so a
+//! multiplexed async connection would be tied to the runtime that opened it (or there would be one per worker and
+//! backend), and the `redis` crate's blocking client, cluster support included, is already in the build. The
+//! cost: calls to one backend are serialised, one round trip each (limit-count needs few: a lease serves many
+//! requests; limit-req and limit-conn need one per request, as APISIX does).
 //!
 //! While Redis cannot be reached, a job gets no connection (`None`) and fails at once; a reconnect is tried for the
 //! first job at least [`RETRY`] after the last failure, so recovery takes one connect once Redis is back.

@@ -125,7 +125,7 @@ pub(crate) fn fnv(s: &str) -> u64 {
     })
 }
 
-/// A blocking connection to one Redis or a Redis Cluster (sync threads only).
+/// A blocking connection to one Redis or a Redis Cluster (the backends' threads only).
 pub(crate) enum Conn {
     Single(redis::Connection),
     Cluster(redis::cluster::ClusterConnection),

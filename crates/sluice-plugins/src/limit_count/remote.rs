@@ -50,7 +50,8 @@ const TOKEN_BITS: u32 = 24;
 const TOKEN_MASK: u64 = (1 << TOKEN_BITS) - 1;
 
 fn pack(valid_until: u64, tokens: u64) -> u64 {
-    (valid_until << TOKEN_BITS) | tokens.min(TOKEN_MASK)
+    // 40 bits of ms hold 34 years; a longer window is cut short there (tokens lost, never extended).
+    (valid_until.min((1 << (64 - TOKEN_BITS)) - 1) << TOKEN_BITS) | tokens.min(TOKEN_MASK)
 }
 
 /// What a request waiting for a lease gets.
