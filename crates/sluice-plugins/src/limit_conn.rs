@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::counters::{key_hash, ConnStore};
-use crate::redis_lease::Leaser;
+use crate::redis_lease::{Job, Leaser};
 use crate::redis_sync::{fnv, with_redis_schema, RedisConf};
 use crate::registry::Entry;
 use crate::util::{parse, reject, LimitKey};
@@ -139,14 +139,7 @@ impl Drop for Held {
             Slot::Remote { leaser, key, id } => {
                 let (key, id) = (std::mem::take(key), std::mem::take(id));
                 // A removal that fails leaves the entry to expire after `key_ttl`, as in APISIX.
-                leaser.run(Box::new(move |con| match con {
-                    Some(con) => {
-                        let mut cmd = redis::cmd("ZREM");
-                        cmd.arg(&key).arg(&id);
-                        con.query::<i64>(&cmd).is_ok()
-                    }
-                    None => true,
-                }));
+                leaser.run(remove(&key, &id));
             }
         }
         if let Some(a) = &self.adapt {
@@ -266,6 +259,16 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     }))
 }
 
+/// Removes a request from its key's set (the answer is not needed).
+fn remove(key: &str, id: &str) -> Job {
+    let mut cmd = redis::cmd("ZREM");
+    cmd.arg(key).arg(id);
+    Job {
+        cmd,
+        done: Box::new(|_, _| {}),
+    }
+}
+
 /// A request id unique across nodes: a random per-process prefix and a counter.
 fn request_id() -> String {
     use std::sync::atomic::AtomicU64 as Seq;
@@ -281,39 +284,27 @@ impl LimitConn {
     fn remote(&self, ctx: &mut Ctx<'_>, r: &Remote, name: String) -> Flow {
         let id = request_id();
         let (tx, rx) = tokio::sync::oneshot::channel::<Option<(i64, i64)>>();
-        let job_key = name.clone();
-        let job_id = id.clone();
-        let (limit, ttl) = (self.rule.max, r.ttl);
-        let queued = r.leaser.run(Box::new(move |con| {
-            let Some(con) = con else {
-                let _ = tx.send(None);
-                return true;
-            };
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(ENTER)
-                .arg(1)
-                .arg(&job_key)
-                .arg(limit)
-                .arg(ttl)
-                .arg(&job_id);
-            match con.query::<(i64, i64)>(&cmd) {
-                Ok(a) => {
-                    // The request went away (client closed, or the wait's budget ran out) before the answer:
-                    // its slot is given back at once rather than after `key_ttl`.
-                    if tx.send(Some(a)).is_err() && a.0 == 1 {
-                        let mut rem = redis::cmd("ZREM");
-                        rem.arg(&job_key).arg(&job_id);
-                        return con.query::<i64>(&rem).is_ok();
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(ENTER)
+            .arg(1)
+            .arg(&name)
+            .arg(self.rule.max)
+            .arg(r.ttl)
+            .arg(&id);
+        let (job_key, job_id, again) = (name.clone(), id.clone(), Arc::downgrade(&r.leaser));
+        let queued = r.leaser.run(Job {
+            cmd,
+            done: Box::new(move |v, _| {
+                let a = v.and_then(|v| redis::from_redis_value::<(i64, i64)>(&v).ok());
+                // The request went away (client closed, or the wait's budget ran out) before the answer: its
+                // slot is given back at once rather than after `key_ttl`.
+                if tx.send(a).is_err() && a.is_some_and(|a| a.0 == 1) {
+                    if let Some(l) = again.upgrade() {
+                        l.run(remove(&job_key, &job_id));
                     }
-                    true
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "limit-conn: redis failed");
-                    let _ = tx.send(None);
-                    false
-                }
-            }
-        }));
+            }),
+        });
         if !queued {
             return self.rule.failed();
         }

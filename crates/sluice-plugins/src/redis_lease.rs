@@ -19,28 +19,31 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use crate::counters::now_ms;
 use crate::redis_sync::{Backend, Conn, Connect};
 
 /// How long after a failed connect or command the next job fails without trying.
 pub(crate) const RETRY: Duration = Duration::from_millis(50);
 
-/// A Redis call run on the backend's thread: given the connection (`None` while Redis is unreachable), it answers
-/// its hook and says whether Redis worked (false drops the connection).
-pub(crate) type Job = Box<dyn FnOnce(Option<&mut Conn>) -> bool + Send>;
+/// Jobs sent to Redis in one pipeline at most.
+const BATCH: usize = 128;
+
+/// A Redis call run on the backend's thread: the command, and what to do with its answer (`None` when Redis
+/// failed or cannot be reached), given the time (counter-epoch ms) taken just before the command was sent.
+pub(crate) struct Job {
+    pub(crate) cmd: redis::Cmd,
+    pub(crate) done: Box<dyn FnOnce(Option<redis::Value>, u64) + Send>,
+}
 
 /// One backend's queue.
 pub(crate) struct Leaser {
-    tx: Mutex<mpsc::Sender<Job>>,
+    tx: mpsc::Sender<Job>,
 }
 
 impl Leaser {
     /// Queues `job`; false when the backend's thread is gone (then the job was dropped unrun).
     pub(crate) fn run(&self, job: Job) -> bool {
-        let tx = match self.tx.lock() {
-            Ok(t) => t,
-            Err(p) => p.into_inner(),
-        };
-        tx.send(job).is_ok()
+        self.tx.send(job).is_ok()
     }
 }
 
@@ -64,21 +67,31 @@ impl Leasers {
         let backend = c.backend.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("sluice-{plugin}-redis"))
-            .spawn(move || serve(rx, c));
+            .spawn(move || serve(rx, c, plugin));
         if let Err(e) = spawned {
             // The receiver is gone with the closure: every job fails, as with Redis down.
             tracing::error!(error = %e, "{plugin}: cannot start the redis thread");
         }
-        let l = Arc::new(Leaser { tx: Mutex::new(tx) });
+        let l = Arc::new(Leaser { tx });
         m.insert(backend, l.clone());
         l
     }
 }
 
-fn serve(rx: mpsc::Receiver<Job>, c: Connect) {
+/// Runs the queue: every job waiting is sent at once (one pipeline on a single Redis; one after the other on a
+/// cluster, whose keys live on different nodes), so requests arriving together share a round trip.
+fn serve(rx: mpsc::Receiver<Job>, c: Connect, plugin: &'static str) {
     let mut conn: Option<Conn> = None;
     let mut failed_at: Option<Instant> = None;
+    let mut batch: Vec<Job> = Vec::with_capacity(BATCH);
     while let Ok(job) = rx.recv() {
+        batch.push(job);
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(j) => batch.push(j),
+                Err(_) => break,
+            }
+        }
         if conn.is_none() && failed_at.is_none_or(|t| t.elapsed() >= RETRY) {
             match Conn::open(&c.backend, c.timeout, c.password.as_deref()) {
                 Ok(con) => {
@@ -86,12 +99,60 @@ fn serve(rx: mpsc::Receiver<Job>, c: Connect) {
                     failed_at = None;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "redis connect failed");
+                    tracing::warn!(error = %e, "{plugin}: redis connect failed");
                     failed_at = Some(Instant::now());
                 }
             }
         }
-        if !job(conn.as_mut()) && conn.take().is_some() {
+        let sent = now_ms();
+        let Some(con) = conn.as_mut() else {
+            for j in batch.drain(..) {
+                (j.done)(None, sent);
+            }
+            continue;
+        };
+        let ok = match con {
+            Conn::Single(_) if batch.len() > 1 => {
+                let mut p = redis::pipe();
+                for j in &batch {
+                    p.add_command(j.cmd.clone());
+                }
+                match con.query_pipe(&p) {
+                    Ok(values) if values.len() == batch.len() => {
+                        for (j, v) in batch.drain(..).zip(values) {
+                            (j.done)(Some(v), sent);
+                        }
+                        true
+                    }
+                    r => {
+                        if let Err(e) = r {
+                            tracing::warn!(error = %e, "{plugin}: redis failed");
+                        }
+                        for j in batch.drain(..) {
+                            (j.done)(None, sent);
+                        }
+                        false
+                    }
+                }
+            }
+            _ => {
+                let mut ok = true;
+                for j in batch.drain(..) {
+                    let sent = now_ms();
+                    match con.query::<redis::Value>(&j.cmd) {
+                        Ok(v) => (j.done)(Some(v), sent),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "{plugin}: redis failed");
+                            (j.done)(None, sent);
+                            ok = false;
+                        }
+                    }
+                }
+                ok
+            }
+        };
+        if !ok {
+            conn = None;
             failed_at = Some(Instant::now());
         }
     }
@@ -99,31 +160,16 @@ fn serve(rx: mpsc::Receiver<Job>, c: Connect) {
 
 /// Runs `cmd` on the backend's thread; the receiver gets its answer, or `None` when Redis failed or cannot be
 /// reached (a receiver whose sender is dropped unanswered means the same).
-pub(crate) fn call<T>(
-    leaser: &Leaser,
-    cmd: redis::Cmd,
-    what: &'static str,
-) -> oneshot::Receiver<Option<T>>
+pub(crate) fn call<T>(leaser: &Leaser, cmd: redis::Cmd) -> oneshot::Receiver<Option<T>>
 where
     T: redis::FromRedisValue + Send + 'static,
 {
     let (tx, rx) = oneshot::channel();
-    leaser.run(Box::new(move |con| {
-        let Some(con) = con else {
-            let _ = tx.send(None);
-            return true;
-        };
-        match con.query::<T>(&cmd) {
-            Ok(v) => {
-                let _ = tx.send(Some(v));
-                true
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "{what}: redis failed");
-                let _ = tx.send(None);
-                false
-            }
-        }
-    }));
+    leaser.run(Job {
+        cmd,
+        done: Box::new(move |v, _| {
+            let _ = tx.send(v.and_then(|v| T::from_redis_value(&v).ok()));
+        }),
+    });
     rx
 }

@@ -157,6 +157,20 @@ impl Conn {
         }
     }
 
+    /// Sends a pipeline (single Redis only; a cluster answers an error).
+    pub(crate) fn query_pipe(
+        &mut self,
+        p: &redis::Pipeline,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => p.query(c),
+            Conn::Cluster(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::ClientError,
+                "pipelines are sent to a single Redis only",
+            ))),
+        }
+    }
+
     pub(crate) fn query<T: redis::FromRedisValue>(
         &mut self,
         cmd: &redis::Cmd,

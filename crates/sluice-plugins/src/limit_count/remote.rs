@@ -24,8 +24,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::counters::{now_ms, Quota};
-use crate::redis_lease::{Leaser, Leasers};
-use crate::redis_sync::Conn;
+use crate::redis_lease::{Job, Leaser, Leasers};
 
 /// KEYS[1]: the window. ARGV: count, window ms, requests waiting, divisor, max slice. Answers the grant, what is
 /// left after it, and the window's remaining ms. A key without expiry (never written by this script) is reset.
@@ -144,7 +143,19 @@ impl Window {
             let need = w.waiters.len() as u64;
             drop(w);
             let me = self.clone();
-            let queued = leaser.run(Box::new(move |con| me.lease(con, need)));
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(SCRIPT)
+                .arg(1)
+                .arg(&self.key)
+                .arg(self.count)
+                .arg(self.window_ms)
+                .arg(need)
+                .arg(DIVISOR)
+                .arg(MAX_SLICE);
+            let queued = leaser.run(Job {
+                cmd,
+                done: Box::new(move |answer, sent| me.leased(answer, sent)),
+            });
             if !queued {
                 self.fail_waiters();
             }
@@ -152,33 +163,14 @@ impl Window {
         Step::Wait(rx)
     }
 
-    /// On the Redis thread: one lease request and its distribution to the waiting requests.
-    fn lease(&self, con: Option<&mut Conn>, need: u64) -> bool {
-        let Some(con) = con else {
-            self.fail_waiters();
-            return true;
-        };
-        let sent = now_ms();
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(SCRIPT)
-            .arg(1)
-            .arg(&self.key)
-            .arg(self.count)
-            .arg(self.window_ms)
-            .arg(need)
-            .arg(DIVISOR)
-            .arg(MAX_SLICE);
-        match con.query::<(u64, u64, i64)>(&cmd) {
-            Ok((grant, left, ttl)) => {
+    /// On the Redis thread: the lease's answer (`sent`: when the request left), handed to the waiting requests.
+    fn leased(&self, answer: Option<redis::Value>, sent: u64) {
+        match answer.and_then(|v| redis::from_redis_value::<(u64, u64, i64)>(&v).ok()) {
+            Some((grant, left, ttl)) => {
                 let valid_until = sent + u64::try_from(ttl).unwrap_or(0);
                 self.granted(grant, left, valid_until);
-                true
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "limit-count: redis lease failed");
-                self.fail_waiters();
-                false
-            }
+            None => self.fail_waiters(),
         }
     }
 

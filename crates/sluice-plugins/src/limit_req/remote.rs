@@ -43,7 +43,7 @@ pub(crate) fn incoming(
         .arg(burst)
         // APISIX: long enough for a full bucket to drain, and a second.
         .arg((burst / rate).ceil() as u64 + 1);
-    call(leaser, cmd, "limit-req")
+    call(leaser, cmd)
 }
 
 /// The wait of an admitted request whose bucket holds `excess` (lua-resty-limit-req: `excess / rate`).

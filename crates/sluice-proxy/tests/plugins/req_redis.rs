@@ -101,7 +101,7 @@ fn redis_configuration_errors() {
 }
 
 /// A bucket that admits 100 (rate 0.001/s, burst 99, nodelay) under 8 clients over 2 and over 3 nodes: exactly
-/// 100 pass (the batched syncs this replaced let up to 124 through), one Redis round trip per request (printed).
+/// 100 pass (the batched syncs this replaced let up to 124 through), one Redis script per request (printed).
 #[test]
 fn redis_policy_is_exact_under_load() {
     let Some((r, o)) = redis_and_origin() else {
@@ -123,7 +123,7 @@ fn redis_policy_is_exact_under_load() {
         let before = redis_commands(r.port).0;
         let admitted = admitted_under_load(&refs, "limit-req", 100);
         let trips = redis_commands(r.port).0 - before;
-        eprintln!("limit-req redis, {n} nodes: {trips} round trips for 320 requests");
+        eprintln!("limit-req redis, {n} nodes: {trips} scripts (EVAL) for 320 requests");
         assert_eq!(admitted, 100, "{n} nodes");
     }
 }
