@@ -40,3 +40,41 @@ pub struct Resources {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<Secret>,
 }
+
+impl Resources {
+    /// The first `upstream_id`, `service_id` or `plugin_config_id` of a route or service that names nothing, in
+    /// the Admin API's words. The data plane serves such a route anyway (with APISIX's per-request status: a
+    /// resource deleted with `?force=true` leaves it so); offline checks (`sluice test`, `sluice import`) refuse it.
+    pub fn missing_reference(&self) -> Option<String> {
+        let upstream = |id: &Id| self.upstreams.iter().any(|u| u.id.as_ref() == Some(id));
+        for s in &self.services {
+            if let Some(id) = s.upstream_id.as_ref().filter(|id| !upstream(id)) {
+                return Some(format!(
+                    "service {}: failed to fetch upstream info by upstream id [{id}]",
+                    s.id
+                ));
+            }
+        }
+        for r in &self.routes {
+            let e = if let Some(id) = r.upstream_id.as_ref().filter(|id| !upstream(id)) {
+                format!("failed to fetch upstream info by upstream id [{id}]")
+            } else if let Some(id) = r
+                .service_id
+                .as_ref()
+                .filter(|id| !self.services.iter().any(|s| s.id == **id))
+            {
+                format!("failed to fetch service info by service id [{id}]")
+            } else if let Some(id) = r
+                .plugin_config_id
+                .as_ref()
+                .filter(|id| !self.plugin_configs.iter().any(|p| p.id == **id))
+            {
+                format!("failed to fetch plugin config info by plugin config id [{id}]")
+            } else {
+                continue;
+            };
+            return Some(format!("route {}: {e}", r.id));
+        }
+        None
+    }
+}

@@ -349,6 +349,12 @@ impl Chain {
                 );
                 return Flow::Respond(r);
             }
+            // The IO's result asked for a wait (limit-conn's delay once Redis counted the request): the proxy
+            // sleeps it, then the run goes on after the same hook.
+            if !ctx.delay.is_zero() {
+                ctx.resume = resume;
+                return Flow::Continue;
+            }
         }
         let mut pos = 0u32;
         if self.mask.has(Phase::Rewrite) {

@@ -245,13 +245,6 @@ pub(crate) fn leak(w: &AtomicU64, now: u64, rate: f64, burst: f64) -> Leak {
     }
 }
 
-/// Sets a bucket word to `excess` requests at `now` (a cluster-wide value learnt from Redis).
-pub(crate) fn rebase(w: &AtomicU64, now: u64, excess: f64) {
-    let max_excess = ((1u64 << EXCESS_BITS) - 1) as f64;
-    let stored = (excess * UNIT as f64).clamp(0.0, max_excess) as u64;
-    w.store((now << EXCESS_BITS) | stored, Ordering::Release);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

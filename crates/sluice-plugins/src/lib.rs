@@ -46,6 +46,7 @@ mod proxy_mirror;
 mod proxy_rewrite;
 mod real_ip;
 mod redirect;
+mod redis_lease;
 mod redis_sync;
 mod referer_restriction;
 mod request_id;

@@ -2,8 +2,8 @@
 //! Keys follow APISIX: `key_type` var / var_combination / constant, falling back to the client address; windows
 //! are scoped per route and configuration unless a `group` shares them. Policy `local` counts exactly across
 //! every worker thread ([`crate::counters::WindowStore`]); the windows live in [`crate::Shared`], so a reload
-//! that keeps a route's configuration keeps its counts. Policies `redis` / `redis-cluster` count cluster-wide
-//! in Redis with batched, asynchronous syncs ([`remote`]).
+//! that keeps a route's configuration keeps its counts. Policies `redis` / `redis-cluster` count exactly
+//! cluster-wide by leasing slices of each window's quota from Redis ([`remote`]).
 
 pub(crate) mod remote;
 
@@ -14,11 +14,11 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::counters::{key_hash, WindowStore, MAX_COUNT};
-use crate::redis_sync::{fnv, with_redis_schema, Connect, RedisConf, Syncer};
+use crate::counters::{key_hash, Quota, WindowStore, MAX_COUNT};
+use crate::redis_sync::{fnv, with_redis_schema, Connect, RedisConf};
 use crate::registry::Entry;
 use crate::util::{parse, reject, LimitKey};
-use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin};
+use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin, Resume};
 
 pub const NAME: &str = "limit-count";
 pub const PRIORITY: i32 = 1002;
@@ -81,16 +81,10 @@ fn neg() -> f64 {
     -1.0
 }
 
-/// Batching interval when `sync_interval` is unset: short enough to stay close to APISIX's exact counting.
-const DEFAULT_SYNC: Duration = Duration::from_millis(10);
-
 fn remote_connect(c: &Conf) -> Result<Option<Connect>, String> {
-    let interval = if c.sync_interval > 0.0 {
-        Duration::from_secs_f64(c.sync_interval)
-    } else {
-        DEFAULT_SYNC
-    };
-    c.redis.connect(interval)
+    // `sync_interval` (APISIX's delayed sync) is accepted and has no use: leases keep the count exact.
+    let _ = c.sync_interval;
+    c.redis.connect()
 }
 
 pub(crate) fn remote_addr() -> String {
@@ -121,15 +115,58 @@ struct LimitCount {
     /// The window scope: the group, or this configuration (the route id is added per request).
     scope: u64,
     grouped: bool,
+    answer: Arc<Answer>,
+    windows: Arc<WindowStore>,
+    /// Policy redis / redis-cluster: the backend's windows and this plugin's stable key prefix.
+    remote: Option<(Arc<remote::Windows>, String)>,
+    /// How long a request may wait for a lease.
+    budget: Duration,
+}
+
+/// How a decision is answered (shared with the requests that await a lease).
+struct Answer {
     rejected_code: u16,
     rejected_msg: Option<String>,
     show_headers: bool,
     limit_header: Bytes,
-    windows: Arc<WindowStore>,
-    /// Policy redis / redis-cluster: the backend's syncer and this plugin's stable key prefix.
-    remote: Option<(Arc<Syncer<remote::Window>>, String)>,
     allow_degradation: bool,
 }
+
+impl Answer {
+    fn apply(&self, ctx: &mut Ctx<'_>, q: Quota) -> Flow {
+        if self.show_headers {
+            let set = &mut ctx.resp.set_headers;
+            set.push((
+                Bytes::from_static(b"X-RateLimit-Limit"),
+                self.limit_header.clone(),
+            ));
+            set.push((
+                Bytes::from_static(b"X-RateLimit-Remaining"),
+                Bytes::from(q.remaining.to_string()),
+            ));
+            set.push((
+                Bytes::from_static(b"X-RateLimit-Reset"),
+                Bytes::from(q.reset.to_string()),
+            ));
+        }
+        if q.allowed {
+            Flow::Continue
+        } else {
+            Flow::Respond(reject(self.rejected_code, self.rejected_msg.as_deref()))
+        }
+    }
+
+    /// Redis could not be asked: APISIX's 500, or the request passes uncounted with `allow_degradation`.
+    fn failed(&self) -> Flow {
+        if self.allow_degradation {
+            Flow::Continue
+        } else {
+            Flow::Respond(reject(500, Some(DOWN_MSG)))
+        }
+    }
+}
+
+const DOWN_MSG: &str = "failed to limit count";
 
 fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     let c: Conf = parse(&schema(), v)?;
@@ -143,7 +180,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
                     fnv(&v.to_string())
                 ),
             };
-            Some((env.shared.remote.syncer(conn), prefix))
+            Some((env.shared.remote.windows(conn), prefix))
         }
         None => None,
     };
@@ -157,14 +194,49 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
         key: LimitKey::compile(&c.key_type, &c.key)?,
         scope,
         grouped: c.group.is_some(),
-        rejected_code: c.rejected_code,
-        rejected_msg: c.rejected_msg,
-        show_headers: c.show_limit_quota_header,
-        limit_header: Bytes::from(c.count.to_string()),
+        answer: Arc::new(Answer {
+            rejected_code: c.rejected_code,
+            rejected_msg: c.rejected_msg,
+            show_headers: c.show_limit_quota_header,
+            limit_header: Bytes::from(c.count.to_string()),
+            allow_degradation: c.allow_degradation,
+        }),
         windows: env.shared.windows.clone(),
         remote,
-        allow_degradation: c.allow_degradation,
+        budget: remote::wait_budget(Duration::from_millis(c.redis.timeout_ms())),
     }))
+}
+
+impl LimitCount {
+    /// Parks the request until the lease in flight answers (see [`remote`]): the chain resumes with its decision.
+    fn await_lease(
+        &self,
+        ctx: &mut Ctx<'_>,
+        w: Arc<remote::Window>,
+        leaser: Arc<crate::redis_lease::Leaser>,
+        mut rx: tokio::sync::oneshot::Receiver<remote::Outcome>,
+    ) {
+        let answer = self.answer.clone();
+        let budget = self.budget;
+        let fut = async move {
+            let quota = loop {
+                match tokio::time::timeout(budget, &mut rx).await {
+                    Ok(Ok(remote::Outcome::Decided(q))) => break Some(q),
+                    Ok(Ok(remote::Outcome::Again)) => match w.incoming(&leaser) {
+                        remote::Step::Decided(q) => break Some(q),
+                        remote::Step::Wait(next) => rx = next,
+                    },
+                    _ => break None,
+                }
+            };
+            Box::new(move |ctx: &mut Ctx<'_>| match quota {
+                Some(q) => answer.apply(ctx, q),
+                None => answer.failed(),
+            }) as Resume
+        };
+        // The loop's own timeout answers first (and degrades when allowed); this bound is a backstop.
+        ctx.await_io(fut, budget * 4, reject(500, Some(DOWN_MSG)));
+    }
 }
 
 impl Plugin for LimitCount {
@@ -188,37 +260,22 @@ impl Plugin for LimitCount {
                 };
                 self.windows.incoming(k, self.count, self.window_ms, 1)
             }
-            Some((syncer, prefix)) => {
-                if let Some(flow) = syncer.down(self.allow_degradation) {
-                    return flow;
-                }
+            Some((windows, prefix)) => {
                 let name = if self.grouped {
                     format!("{prefix}:{key}")
                 } else {
                     format!("{prefix}:{}:{key}", ctx.route_id)
                 };
-                remote::Window::of(syncer, &name, self.window_ms).incoming(self.count)
+                let w = windows.window(name, self.count, self.window_ms);
+                match w.incoming(&windows.leaser) {
+                    remote::Step::Decided(q) => q,
+                    remote::Step::Wait(rx) => {
+                        self.await_lease(ctx, w, windows.leaser.clone(), rx);
+                        return Flow::Continue;
+                    }
+                }
             }
         };
-        if self.show_headers {
-            let set = &mut ctx.resp.set_headers;
-            set.push((
-                Bytes::from_static(b"X-RateLimit-Limit"),
-                self.limit_header.clone(),
-            ));
-            set.push((
-                Bytes::from_static(b"X-RateLimit-Remaining"),
-                Bytes::from(q.remaining.to_string()),
-            ));
-            set.push((
-                Bytes::from_static(b"X-RateLimit-Reset"),
-                Bytes::from(q.reset.to_string()),
-            ));
-        }
-        if q.allowed {
-            Flow::Continue
-        } else {
-            Flow::Respond(reject(self.rejected_code, self.rejected_msg.as_deref()))
-        }
+        self.answer.apply(ctx, q)
     }
 }

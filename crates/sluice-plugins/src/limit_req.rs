@@ -2,8 +2,9 @@
 //! (lua-resty-limit-req's algorithm, [`crate::counters::leak`]). Requests beyond `rate + burst` are rejected; a
 //! request within the burst is delayed by `excess / rate` seconds (unless `nodelay`), the sleep the proxy awaits
 //! through [`Ctx::add_delay`] without blocking its thread. Policy `local` keeps the buckets in this process
-//! (exact across worker threads); `redis` / `redis-cluster` share them cluster-wide with batched, asynchronous
-//! syncs ([`remote`]). Not here: the bucket arithmetic (`counters.rs`), the Redis plumbing ([`crate::redis_sync`]).
+//! (exact across worker threads); `redis` / `redis-cluster` run the bucket in Redis for every request, exact
+//! cluster-wide as APISIX ([`remote`]). Not here: the bucket arithmetic (`counters.rs`), the Redis plumbing
+//! ([`crate::redis_sync`], [`crate::redis_lease`]).
 
 pub(crate) mod remote;
 
@@ -14,10 +15,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::counters::{key_hash, BucketStore};
-use crate::redis_sync::{fnv, with_redis_schema, RedisConf, Syncer};
+use crate::redis_lease::Leaser;
+use crate::redis_sync::{fnv, with_redis_schema, RedisConf};
 use crate::registry::Entry;
 use crate::util::{parse, reject, LimitKey};
-use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin};
+use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin, Resume};
 
 pub const NAME: &str = "limit-req";
 pub const PRIORITY: i32 = 1001;
@@ -72,7 +74,7 @@ struct Conf {
 
 fn check(v: &Value) -> Result<(), String> {
     let c: Conf = parse(&schema(), v)?;
-    c.redis.connect(remote::SYNC).map(drop)
+    c.redis.connect().map(drop)
 }
 
 struct LimitReq {
@@ -84,21 +86,22 @@ struct LimitReq {
     rejected_msg: Option<String>,
     nodelay: bool,
     store: Arc<BucketStore>,
-    /// Policy redis / redis-cluster: the backend's syncer and this plugin's stable key prefix.
-    remote: Option<(Arc<Syncer<remote::Bucket>>, String)>,
+    /// Policy redis / redis-cluster: the backend's queue, this plugin's stable key prefix, the wait budget.
+    remote: Option<(Arc<Leaser>, String, Duration)>,
     allow_degradation: bool,
 }
 
 fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     let c: Conf = parse(&schema(), v)?;
     let scope_name = env.consumer_scope();
-    let remote = match c.redis.connect(remote::SYNC)? {
+    let remote = match c.redis.connect()? {
         Some(conn) => {
             let prefix = match &scope_name {
-                None => format!("plugin-limit-req:{:016x}", fnv(&v.to_string())),
-                Some(u) => format!("plugin-limit-req:{:016x}:consumer:{u}", fnv(&v.to_string())),
+                None => format!("limit_req:{:016x}", fnv(&v.to_string())),
+                Some(u) => format!("limit_req:{:016x}:consumer:{u}", fnv(&v.to_string())),
             };
-            Some((env.shared.req_remote.syncer(conn), prefix))
+            let budget = crate::limit_count::remote::wait_budget(conn.timeout);
+            Some((env.shared.req_remote.leaser(conn, NAME), prefix, budget))
         }
         None => None,
     };
@@ -116,6 +119,40 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     }))
 }
 
+impl LimitReq {
+    /// Runs the bucket in Redis; the chain resumes with the decision (and its wait) once Redis answered.
+    fn remote(
+        &self,
+        ctx: &mut Ctx<'_>,
+        leaser: &Arc<Leaser>,
+        name: &str,
+        budget: Duration,
+    ) -> Flow {
+        let rx = remote::incoming(leaser, name, self.rate, self.burst);
+        let (rate, nodelay, degrade) = (self.rate, self.nodelay, self.allow_degradation);
+        let (code, msg) = (self.rejected_code, self.rejected_msg.clone());
+        let fut = async move {
+            let answer = tokio::time::timeout(budget, rx).await;
+            Box::new(move |ctx: &mut Ctx<'_>| match answer {
+                Ok(Ok(Some((1, excess)))) => {
+                    let d = remote::delay(&excess, rate);
+                    // APISIX sleeps only delays of at least 1 ms.
+                    if d >= Duration::from_millis(1) && !nodelay {
+                        ctx.add_delay(d);
+                    }
+                    Flow::Continue
+                }
+                Ok(Ok(Some(_))) => Flow::Respond(reject(code, msg.as_deref())),
+                // APISIX's bare `return 500`, or uncounted with `allow_degradation`.
+                _ if degrade => Flow::Continue,
+                _ => Flow::Respond(reject(500, None)),
+            }) as Resume
+        };
+        ctx.await_io(fut, budget * 4, reject(500, None));
+        Flow::Continue
+    }
+}
+
 impl Plugin for LimitReq {
     fn name(&self) -> &'static str {
         NAME
@@ -128,20 +165,12 @@ impl Plugin for LimitReq {
     }
     fn access(&self, ctx: &mut Ctx<'_>) -> Flow {
         let key = self.key.resolve(ctx);
-        let leak = match &self.remote {
-            None => {
-                let k = key_hash((self.scope, ctx.route_id, &*key));
-                self.store.incoming(k, self.rate, self.burst)
-            }
-            Some((syncer, prefix)) => {
-                if let Some(flow) = syncer.down(self.allow_degradation) {
-                    return flow;
-                }
-                let name = format!("{prefix}:{}:{key}", ctx.route_id);
-                remote::Bucket::of(syncer, &name, self.rate, self.burst).incoming(self.burst)
-            }
-        };
-        match leak {
+        if let Some((leaser, prefix, budget)) = &self.remote {
+            let name = format!("{prefix}:{}:{key}", ctx.route_id);
+            return self.remote(ctx, leaser, &name, *budget);
+        }
+        let k = key_hash((self.scope, ctx.route_id, &*key));
+        match self.store.incoming(k, self.rate, self.burst) {
             Ok(delay_ms) => {
                 // APISIX sleeps only delays of at least 1 ms.
                 if delay_ms >= 1 && !self.nodelay {

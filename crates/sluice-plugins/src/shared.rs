@@ -16,10 +16,12 @@ pub struct Shared {
     pub(crate) conns: Arc<ConnStore>,
     /// limit-req's leaky buckets.
     pub(crate) buckets: Arc<BucketStore>,
-    /// limit-count's Redis backends and their sync threads.
+    /// limit-count's Redis backends and their lease threads.
     pub(crate) remote: Arc<crate::limit_count::remote::RemoteStore>,
-    /// limit-req's Redis backends and their sync threads.
-    pub(crate) req_remote: Arc<crate::limit_req::remote::RemoteBuckets>,
+    /// limit-conn's Redis backends and their threads.
+    pub(crate) conn_remote: Arc<crate::redis_lease::Leasers>,
+    /// limit-req's Redis backends and their threads.
+    pub(crate) req_remote: Arc<crate::redis_lease::Leasers>,
     /// file-logger's writer threads.
     pub(crate) writers: Arc<crate::file_logger::Writers>,
     /// http-logger's batch senders.

@@ -494,6 +494,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 .await;
         };
         let route = &snap.routes[idx as usize];
+        if let Some(status) = route.dangling {
+            // Its service or plugin config is gone: APISIX answers before any plugin, global rules included.
+            tracing::error!(route = %route.id, status, "route names a deleted service or plugin config");
+            return self
+                .refuse(
+                    head,
+                    &Error::downstream(Kind::BadRequest(status), "dangling reference"),
+                )
+                .await;
+        }
         let max_body = self.w.shared.cfg.max_body;
         if let BodyKind::Length(n) = head.body {
             if max_body != 0 && n > max_body {
@@ -561,8 +571,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     &view,
                     consumer.as_deref().map(|c| c.username.as_str()),
                 );
-                if let Some(why) = &route.upstream.unsupported {
-                    return self.unsupported(head, route, why).await;
+                if route.upstream.unsupported.is_some() || route.upstream.missing.is_some() {
+                    return self
+                        .unservable(head, route, Some(ctx), &chains, req_start)
+                        .await;
                 }
                 let body_read = req_body.is_some();
                 return self
@@ -586,8 +598,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             }
         };
         let up: &UpstreamRt = &route.upstream;
-        if let Some(why) = &up.unsupported {
-            return self.unsupported(head, route, why).await;
+        if up.unsupported.is_some() || up.missing.is_some() {
+            return self
+                .unservable(head, route, pctx.as_mut(), &chains, req_start)
+                .await;
         }
         let logging = self.w.log.is_some();
         if logging {
@@ -1010,16 +1024,39 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
     }
 
-    /// A route whose upstream `type` has no balancer: 500, as APISIX answers when its balancer module is missing.
-    async fn unsupported(
+    /// A route whose upstream cannot be served, after its plugins ran: 500 when its `type` has no balancer (as
+    /// APISIX answers when its balancer module is missing), 502 when its `upstream_id` names nothing (APISIX's
+    /// `handle_upstream`). The response phases see the answer, as they see APISIX's `core.response.exit`.
+    async fn unservable(
         &mut self,
         head: &RequestHead,
         route: &CompiledRoute,
-        why: &str,
+        ctx: Option<&mut Ctx<'_>>,
+        chains: &[Option<&Chain>; 2],
+        started: Instant,
     ) -> Result<bool, Error> {
+        let up = &route.upstream;
+        let (kind, why) = match (&up.unsupported, &up.missing) {
+            (Some(why), _) => (Kind::Internal, why),
+            (None, Some(why)) => (Kind::NoUpstreamNode, why),
+            (None, None) => return Ok(false),
+        };
         tracing::error!(route = %route.id, "{why}");
-        self.refuse(head, &Error::upstream(Kind::Internal, why.to_owned()))
-            .await
+        let err = Error::upstream(kind, why.to_string());
+        match (ctx, synthetic(&err)) {
+            (Some(ctx), Some(page)) => {
+                let r = Response {
+                    status: page.status,
+                    headers: vec![(
+                        bytes::Bytes::from_static(b"Content-Type"),
+                        bytes::Bytes::from_static(page.content_type.as_bytes()),
+                    )],
+                    body: bytes::Bytes::from(page.body.into_owned()),
+                };
+                self.respond_plugin(head, r, ctx, chains, started).await
+            }
+            _ => self.refuse(head, &err).await,
+        }
     }
 
     /// Answers without contacting an upstream. An unread request body means the connection must close.

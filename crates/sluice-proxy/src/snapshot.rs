@@ -47,6 +47,9 @@ pub(crate) struct CompiledRoute {
     pub timeouts: Timeouts,
     pub plugins: Option<Arc<Chain>>,
     pub websocket: bool,
+    /// The route names a service or plugin config that is gone (deleted with `?force=true`): the status APISIX's
+    /// `http_access_phase` answers before any plugin runs (404 for a service, 503 for a plugin config).
+    pub dangling: Option<u16>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -121,6 +124,37 @@ pub(crate) struct UpstreamRt {
     /// picked without one): the same here, 500 per request, so that a configuration written for another balancer
     /// still loads.
     pub unsupported: Option<Box<str>>,
+    /// Stands for an `upstream_id` that names no upstream (deleted with `?force=true`): the request runs its
+    /// plugins, then gets 502, as APISIX's `handle_upstream`. Such a runtime has no nodes.
+    pub missing: Option<Box<str>>,
+}
+
+impl UpstreamRt {
+    /// The runtime of an `upstream_id` that names nothing: no nodes, every request 502 (see `missing`).
+    pub(super) fn missing(id: &str) -> UpstreamRt {
+        UpstreamRt {
+            balancer: Balancer::new(LbKind::RoundRobin, Vec::new()),
+            nodes: Vec::new(),
+            tls: None,
+            probe_tls: None,
+            pass_host: PassHost::Pass,
+            hash_on: HashOn::Consumer,
+            retries: None,
+            retry_timeout: None,
+            timeouts: None,
+            pool: PoolCfg {
+                size: 0,
+                idle_timeout: Duration::ZERO,
+                requests: 1,
+            },
+            h2: false,
+            active: None,
+            source: Upstream::default(),
+            client_ssl: None,
+            unsupported: None,
+            missing: Some(format!("failed to fetch upstream info by upstream id [{id}]").into()),
+        }
+    }
 }
 
 impl Snapshot {
@@ -242,6 +276,8 @@ impl Snapshot {
         let mut kept_inline: Vec<(Box<str>, Arc<UpstreamRt>)> = Vec::new();
         // Routes compiled afresh, for the router's per-route checks.
         let (mut fresh, mut fresh_ids) = (Vec::new(), Vec::new());
+        // The runtime shared by routes that answer before reaching an upstream (`dangling`).
+        let mut missing_up: Option<Arc<UpstreamRt>> = None;
         for r in res.routes.iter().filter(|r| r.enabled()) {
             route_meta.push(route_meta_of(r, &services));
             if let Some((spec, compiled, inline)) = cache.reuse(r, &shared_ups, routes.len() as u32)
@@ -255,33 +291,61 @@ impl Snapshot {
                 continue;
             }
             let ctx = |e: String| format!("route {}: {e}", r.id);
-            let service = match &r.service_id {
-                Some(id) => Some(*services.get(id).ok_or_else(|| {
-                    ctx(format!("failed to fetch service info by service id [{id}]"))
-                })?),
-                None => None,
+            // A service or plugin config deleted with `?force=true` leaves the route routable (APISIX's router
+            // keeps it) and answering APISIX's status; a later PUT of the resource heals it (such routes are
+            // never reused, so the next compile sees the resource).
+            let service = r
+                .service_id
+                .as_ref()
+                .and_then(|id| services.get(id).copied());
+            let pc = r
+                .plugin_config_id
+                .as_ref()
+                .and_then(|id| plugin_configs.get(id).map(|p| &p.plugins));
+            let dangling = if r.plugin_config_id.is_some() && pc.is_none() {
+                Some(503)
+            } else if r.service_id.is_some() && service.is_none() {
+                Some(404)
+            } else {
+                None
             };
-            let pc = match &r.plugin_config_id {
-                Some(id) => Some(
-                    &plugin_configs
-                        .get(id)
-                        .ok_or_else(|| {
-                            ctx(format!(
-                                "failed to fetch plugin config info by plugin config id [{id}]"
-                            ))
-                        })?
-                        .plugins,
-                ),
-                None => None,
-            };
+            if let Some(status) = dangling {
+                let uris = r.all_uris();
+                if uris.is_empty() {
+                    return Err(ctx("one of uri or uris is required".into()));
+                }
+                let spec = RouteSpec {
+                    uris,
+                    hosts: merge_route_service(r, service, None).hosts,
+                    methods: r.methods.clone(),
+                    remote_addrs: r.all_remote_addrs(),
+                    vars: r.vars.clone(),
+                    priority: r.priority,
+                    value: routes.len() as u32,
+                };
+                let compiled = CompiledRoute {
+                    id: Arc::from(r.id.0.as_str()),
+                    upstream: missing_up
+                        .get_or_insert_with(|| Arc::new(UpstreamRt::missing("")))
+                        .clone(),
+                    timeouts: Timeout::default().into(),
+                    plugins: None,
+                    websocket: false,
+                    dangling: Some(status),
+                };
+                fresh.push(spec.clone());
+                fresh_ids.push(compiled.id.clone());
+                specs.push(spec);
+                routes.push(compiled);
+                continue;
+            }
             let eff = merge_route_service(r, service, pc);
             let upstream = match (&eff.upstream, &eff.upstream_id) {
                 (Some(u), _) => runtime(format!("r:{}", r.id), u).map_err(ctx)?,
-                (None, Some(id)) => shared_ups.get(id.0.as_str()).cloned().ok_or_else(|| {
-                    ctx(format!(
-                        "failed to fetch upstream info by upstream id [{id}]"
-                    ))
-                })?,
+                (None, Some(id)) => match shared_ups.get(id.0.as_str()) {
+                    Some(u) => u.clone(),
+                    None => Arc::new(UpstreamRt::missing(&id.0)),
+                },
                 (None, None) => {
                     return Err(ctx(
                         "missing upstream configuration in Route or Service".into()
@@ -313,6 +377,7 @@ impl Snapshot {
                 timeouts,
                 plugins,
                 websocket: eff.enable_websocket,
+                dangling: None,
             };
             let upstream_id = match eff.upstream {
                 Some(_) => None,
@@ -524,6 +589,7 @@ fn compile_upstream(u: &Upstream, ssls: &tls::SslsById<'_>) -> Result<UpstreamRt
         source: u.clone(),
         client_ssl,
         unsupported,
+        missing: None,
         probe_tls: base_tls,
         active: checks.active.map(Arc::new),
         balancer,

@@ -153,12 +153,11 @@ mod tests {
         );
         // A dry run that fails keeps nothing and reports the data plane's reason.
         let bad: Resources =
-            serde_json::from_value(serde_json::json!({"routes": [{"id": "9", "uri": "/x",
-            "upstream_id": "missing"}]}))
-            .expect("resources");
-        let e = a.dry_run(&bad).expect_err("missing upstream");
+            serde_json::from_value(serde_json::json!({"routes": [{"id": "9", "uri": "/x"}]}))
+                .expect("resources");
+        let e = a.dry_run(&bad).expect_err("no upstream");
         assert!(
-            e.contains("failed to fetch upstream info by upstream id [missing]"),
+            e.contains("missing upstream configuration in Route or Service"),
             "{e}"
         );
     }

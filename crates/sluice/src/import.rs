@@ -43,6 +43,9 @@ pub fn run(config: &Path, file: Option<PathBuf>) -> Result<String, String> {
     let text =
         std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     let res = standalone::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some(e) = res.missing_reference() {
+        return Err(format!("{}: {e}", path.display()));
+    }
     Snapshot::compile(&res, 0).map_err(|e| format!("{}: {e}", path.display()))?;
     let entries = entries(&res);
     let addr = connect_addr(admin.listen);

@@ -63,6 +63,9 @@ fn check_resources(path: &Path) -> Result<String, String> {
         std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     let res: Resources =
         standalone::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some(e) = res.missing_reference() {
+        return Err(format!("{}: {e}", path.display()));
+    }
     Snapshot::compile(&res, 0).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(format!(
         "{}: ok ({} routes, {} services, {} upstreams, {} consumers)",

@@ -176,6 +176,7 @@ impl<'p> Builder<'p> {
             timeouts: c.timeouts,
             plugins: c.plugins.clone(),
             websocket: c.websocket,
+            dangling: None,
         };
         let inline = c.upstream_id.is_none();
         self.next.routes.insert(c.id.clone(), c.clone());

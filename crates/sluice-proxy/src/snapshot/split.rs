@@ -65,12 +65,12 @@ pub(super) fn compile(
         let mut targets = Vec::with_capacity(ups.len());
         for (i, u) in ups.iter().enumerate() {
             let (upstream, fallback) = match u {
+                // A deleted (`?force=true`) upstream: that pick answers 502, as APISIX's `handle_upstream`.
                 PluginUpstream::Id(id) => (
-                    shared_ups.get(id.as_str()).cloned().ok_or_else(|| {
-                        ctx(format!(
-                            "failed to fetch upstream info by upstream id [{id}]"
-                        ))
-                    })?,
+                    match shared_ups.get(id.as_str()) {
+                        Some(u) => u.clone(),
+                        None => Arc::new(UpstreamRt::missing(id)),
+                    },
                     Timeout::default(),
                 ),
                 PluginUpstream::Inline(u) => (
@@ -89,6 +89,7 @@ pub(super) fn compile(
                 timeouts,
                 plugins: route.plugins.clone(),
                 websocket: route.websocket,
+                dangling: None,
             });
         }
         out.insert(idx as u32, targets.into_boxed_slice());

@@ -272,7 +272,7 @@ fn limit_conn_defaults_and_error_shapes() {
         (
             json!({"conn": 1, "burst": 0, "default_conn_delay": 0.1, "key": "remote_addr",
                    "policy": "redis"}),
-            "policy redis is not supported",
+            "redis_host",
         ),
     ] {
         let e =

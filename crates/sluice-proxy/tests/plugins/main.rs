@@ -6,6 +6,7 @@ mod auth;
 mod body;
 #[path = "../common/ci.rs"]
 mod ci;
+mod conn_redis;
 mod delays;
 mod dubbo;
 mod forward_auth;

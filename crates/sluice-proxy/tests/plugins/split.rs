@@ -112,17 +112,21 @@ fn upstream_id_references_and_reload() {
     gw.reload(conf(&c), 2);
     assert_eq!(spread(&gw, "/hello", &[], 4, [&a, &b, &c]), [2, 0, 2]);
 
-    let e = Gw::try_start(
-        json!({"routes": [route("r1", "/hello", &a, json!({"traffic-split": {"rules": [{
-            "weighted_upstreams": [{"upstream_id": "nope", "weight": 1}]
-        }]}}))]}),
-    )
-    .err()
-    .expect("refused");
-    assert!(
-        e.contains("failed to fetch upstream info by upstream id [nope]"),
-        "{e}"
+    // An upstream_id that names nothing (deleted with `?force=true`): the configuration loads, that pick answers
+    // 502 as APISIX's `handle_upstream`, and the upstream coming back heals it.
+    let split = json!({"traffic-split": {"rules": [{
+        "weighted_upstreams": [{"upstream_id": "nope", "weight": 1}]
+    }]}});
+    let gw = Gw::start(json!({"routes": [route("r1", "/hello", &a, split.clone())]}));
+    let r = gw.get("/hello", &[]);
+    assert_eq!(r.status, 502);
+    assert!(r.body.contains("502 Bad Gateway"), "{}", r.body);
+    gw.reload(
+        json!({"upstreams": [{"id": "nope", "type": "roundrobin", "nodes": {b.addr.to_string(): 1}}],
+               "routes": [route("r1", "/hello", &a, split)]}),
+        3,
     );
+    assert_eq!(spread(&gw, "/hello", &[], 2, [&a, &b, &c]), [0, 2, 0]);
 }
 
 #[test]

@@ -100,15 +100,32 @@ fn other_plugin_state_or_errors_never_reuse() {
     let other = Shared::default();
     let s1 = Snapshot::compile_next(&res(v0.clone()), 2, &other, Some(&s0)).expect("compile");
     assert!(!same(&s0, &s1, "1"));
-    // A reference that broke is reported even though the route itself did not change.
-    let mut v2 = v0;
+    // A reference that broke (service deleted with `?force=true`) is seen even though the route itself did not
+    // change: the route stays routable and answers 404 (APISIX), and the service coming back heals it.
+    let mut v2 = v0.clone();
     v2["services"] = json!([]);
-    let e = Snapshot::compile_next(&res(v2), 3, &shared, Some(&s0))
-        .err()
-        .expect("missing service");
-    assert!(
-        e.contains("failed to fetch service info by service id [s1]"),
-        "{e}"
+    let s2 = Snapshot::compile_next(&res(v2), 3, &shared, Some(&s0)).expect("compile");
+    let dangling = |s: &Snapshot, id: &str| {
+        s.routes
+            .iter()
+            .find(|r| &*r.id == id)
+            .expect("route")
+            .dangling
+    };
+    assert_eq!(dangling(&s2, "3"), Some(404));
+    assert_eq!(dangling(&s2, "1"), None);
+    let s3 = Snapshot::compile_next(&res(v0), 4, &shared, Some(&s2)).expect("compile");
+    assert_eq!(dangling(&s3, "3"), None);
+    assert_eq!(
+        s3.routes
+            .iter()
+            .find(|r| &*r.id == "3")
+            .expect("route")
+            .upstream
+            .nodes[0]
+            .addr
+            .port(),
+        1981
     );
 }
 
