@@ -8,6 +8,7 @@ mod body;
 mod ci;
 mod delays;
 mod dubbo;
+mod dubbo_java;
 mod forward_auth;
 mod groups;
 mod jwt;

@@ -1,0 +1,467 @@
+//! dubbo-proxy against a real Apache Dubbo 3.3.5 Java provider (tools/dubbo-java-peer: `DemoService.hello(Map)`
+//! for APISIX's map form, `TypesService` for generic calls: primitives, strings, POJOs, lists, maps, null, no-arg,
+//! overloads, an exception, a slow method, 1 MiB payloads). Built with Maven from Maven Central into the target
+//! directory on first use (about 40 s cold, jars cached in ~/.m2 afterwards), started once per test process on
+//! [::1] (Dubbo refuses a 127.x bind and would listen on every address instead) and ended when the test process
+//! ends (it watches its stdin).
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::{request, Gw};
+
+struct Provider {
+    addr: SocketAddr,
+    child: Child,
+    /// Held open: the provider exits when it closes, so the shared one ends with the test process.
+    _stdin: ChildStdin,
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+}
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            sources(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
+}
+
+/// The provider's classpath (its jar and Maven's copies of its dependencies), built once per source version.
+fn classpath() -> Option<String> {
+    static CP: OnceLock<Option<String>> = OnceLock::new();
+    CP.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/dubbo-java-peer");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for f in &files {
+            let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+            for b in rel.bytes().chain(std::fs::read(f).unwrap()) {
+                h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+            }
+        }
+        let out = target_dir().join(format!("dubbo-java-peer/{h:016x}"));
+        let cp = |d: &Path| {
+            format!(
+                "{}:{}/*",
+                d.join("target/dubbo-java-peer-1.0.jar").display(),
+                d.join("target/lib").display()
+            )
+        };
+        if out.join("target/dubbo-java-peer-1.0.jar").exists() {
+            return Some(cp(&out));
+        }
+        for tool in ["java", "mvn"] {
+            if Command::new(tool)
+                .arg("-version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_err()
+            {
+                super::ci::skip_unless_ci(&format!(
+                    "the Java Dubbo provider needs `{tool}` (Debian: openjdk-17-jdk-headless maven)"
+                ));
+                return None;
+            }
+        }
+        // Built in a scratch copy renamed into place: a concurrent or interrupted build never leaves half of one.
+        let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).unwrap();
+        let st = Command::new("cp")
+            .arg("-r")
+            .arg(src.join("pom.xml"))
+            .arg(src.join("src"))
+            .arg(&tmp)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let t0 = Instant::now();
+        let st = Command::new("mvn")
+            .args([
+                "-q",
+                "-B",
+                "package",
+                "dependency:copy-dependencies",
+                "-DoutputDirectory=target/lib",
+            ])
+            .current_dir(&tmp)
+            .status()
+            .expect("run mvn");
+        assert!(
+            st.success(),
+            "mvn build of the Java Dubbo provider failed: {st}"
+        );
+        eprintln!("built the Java Dubbo provider in {:?}", t0.elapsed());
+        if std::fs::rename(&tmp, &out).is_err() {
+            // Another process built it meanwhile.
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        Some(cp(&out))
+    })
+    .clone()
+}
+
+fn free_port(host: &str) -> u16 {
+    TcpListener::bind(format!("{host}:0"))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts a provider; `threads` is its Dubbo thread pool size.
+fn spawn(threads: u32) -> Option<Provider> {
+    let cp = classpath()?;
+    // [::1] keeps it on loopback; a machine without IPv6 falls back to 127.0.0.1 (Dubbo then binds every address).
+    let (host, ip) = if TcpListener::bind("[::1]:0").is_ok() {
+        ("::1", "[::1]")
+    } else {
+        ("127.0.0.1", "127.0.0.1")
+    };
+    let port = free_port(ip);
+    let mut child = Command::new("java")
+        .args([
+            "-Xss512k",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            &format!("-Dport={port}"),
+            &format!("-Dhost={host}"),
+            &format!("-Dthreads={threads}"),
+            "-cp",
+            &cp,
+            "org.sluice.peer.Provider",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start java");
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line.starts_with("READY") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("the Java Dubbo provider did not start within 120 s");
+    Some(Provider {
+        addr: format!("{ip}:{port}").parse().unwrap(),
+        child,
+        _stdin: stdin,
+    })
+}
+
+/// The provider the tests share (one JVM start per test process).
+fn provider() -> Option<SocketAddr> {
+    static P: OnceLock<Mutex<Option<Provider>>> = OnceLock::new();
+    P.get_or_init(|| Mutex::new(spawn(200)))
+        .lock()
+        .unwrap()
+        .as_ref()
+        .map(|p| p.addr)
+}
+
+const TYPES: &str = "org.sluice.peer.TypesService";
+
+fn generic_gw(p: SocketAddr, extra: Value, timeout: Option<f64>) -> Gw {
+    let mut conf = json!({"service_name": TYPES, "service_version": "1.0.0", "generic": true});
+    conf.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let mut upstream = json!({"type": "roundrobin", "nodes": {p.to_string(): 1}});
+    if let Some(t) = timeout {
+        upstream["timeout"] = json!({"connect": t, "send": t, "read": t});
+    }
+    Gw::start(
+        json!({"routes": [{"id": "t", "uri": "/types", "plugins": {"dubbo-proxy": conf},
+                                  "upstream": upstream}]}),
+    )
+}
+
+/// A Pixiu-style generic call: `/types?method=..` with `{"types": .., "values": ..}`.
+fn call(gw: &Gw, method: &str, body: &str) -> super::Resp {
+    request(
+        gw.addr,
+        "POST",
+        &format!("/types?method={method}"),
+        &[("Content-Type", "application/json")],
+        body,
+    )
+}
+
+#[test]
+fn java_dubbo_proxy_map_form() {
+    let Some(p) = provider() else { return };
+    let gw = Gw::start(json!({"routes": [{"id": "d", "uri": "/hello",
+        "plugins": {"dubbo-proxy": {"service_name": "org.sluice.peer.DemoService",
+                                    "service_version": "1.0.0", "method": "hello"}},
+        "upstream": {"type": "roundrobin", "nodes": {p.to_string(): 1}}}]}));
+    let r = request(gw.addr, "POST", "/hello", &[("X-Trace", "abc")], "payload");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.starts_with("java dubbo\n"), "{r:?}");
+    assert!(r.body.contains("body: payload\n"), "{r:?}");
+    assert!(r.body.contains("x-trace: abc\n"), "{r:?}");
+    assert_eq!(r.header("x-provider"), Some("java"));
+    // The map's "status" is the HTTP status.
+    let r = request(gw.addr, "GET", "/hello", &[("X-Status", "404")], "");
+    assert_eq!(r.status, 404, "{r:?}");
+    // A 1 MiB body reaches the provider (as byte[]) and comes back.
+    let big = "x".repeat(1 << 20);
+    let r = request(gw.addr, "POST", "/hello", &[], &big);
+    assert_eq!(r.status, 200, "{}", r.status);
+    assert!(r.body.contains(&format!("body: {big}\n")));
+}
+
+#[test]
+fn java_generic_primitives_strings_overloads_and_no_arg() {
+    let Some(p) = provider() else { return };
+    let gw = generic_gw(p, json!({}), None);
+    let cases: &[(&str, &str, Value)] = &[
+        (
+            "addInt",
+            r#"{"types":"int,int","values":[40,2]}"#,
+            json!(42),
+        ),
+        (
+            "addInt",
+            r#"{"types":["int","int"],"values":[-2147483648,-1]}"#,
+            json!(2147483647),
+        ),
+        // Longs beyond 2^53 keep every digit: in as a string or a number, out as a string.
+        (
+            "nextLong",
+            r#"{"types":"long","values":"9007199254740993"}"#,
+            json!("9007199254740994"),
+        ),
+        (
+            "nextLong",
+            r#"{"types":"long","values":9007199254740993}"#,
+            json!("9007199254740994"),
+        ),
+        ("nextLong", r#"{"types":"long","values":41}"#, json!(42)),
+        ("half", r#"{"types":"double","values":3}"#, json!(1.5)),
+        ("not", r#"{"types":"boolean","values":true}"#, json!(false)),
+        (
+            "greet",
+            r#"{"types":"java.lang.String","values":"tc"}"#,
+            json!("hello tc"),
+        ),
+        (
+            "greet",
+            r#"{"types":"string,int","values":["tc",2]}"#,
+            json!("hello tc hello tc"),
+        ),
+        ("ping", "", json!("pong")),
+        ("ping", r#"{"types":[],"values":[]}"#, json!("pong")),
+        (
+            "describe",
+            r#"{"types":"java.lang.String","values":[null]}"#,
+            json!("null"),
+        ),
+        ("nothing", "", Value::Null),
+        ("bytes", r#"{"types":"int","values":4}"#, json!("AAECAw==")),
+        (
+            "date",
+            r#"{"types":"long","values":86400000}"#,
+            json!(86400000),
+        ),
+    ];
+    for (method, body, want) in cases {
+        let r = call(&gw, method, body);
+        assert_eq!(r.status, 200, "{method} {body}: {r:?}");
+        assert_eq!(r.json(), *want, "{method} {body}: {r:?}");
+    }
+}
+
+#[test]
+fn java_generic_pojos_lists_and_maps() {
+    let Some(p) = provider() else { return };
+    let gw = generic_gw(p, json!({}), None);
+    let r = call(
+        &gw,
+        "older",
+        r#"{"types":"org.sluice.peer.User","values":{"name":"ann","age":41,"id":9007199254740993,"tags":["a"]}}"#,
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = r.json();
+    assert_eq!(v["name"], "ann", "{r:?}");
+    assert_eq!(v["age"], 42, "{r:?}");
+    assert_eq!(v["id"], "9007199254740993", "{r:?}");
+    assert_eq!(v["tags"], json!(["a", "older"]), "{r:?}");
+    let r = call(
+        &gw,
+        "reverse",
+        r#"{"types":"java.util.List","values":[1,2,3]}"#,
+    );
+    assert_eq!((r.status, r.json()), (200, json!([3, 2, 1])), "{r:?}");
+    let r = call(
+        &gw,
+        "doubled",
+        r#"{"types":"java.util.Map","values":{"a":1,"b":21}}"#,
+    );
+    assert_eq!(
+        (r.status, r.json()),
+        (200, json!({"a": 2, "b": 42})),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn java_generic_one_mib_each_way() {
+    let Some(p) = provider() else { return };
+    let gw = generic_gw(p, json!({}), None);
+    let big = "y".repeat(1 << 20);
+    let r = call(
+        &gw,
+        "length",
+        &json!({"types": "string", "values": big}).to_string(),
+    );
+    assert_eq!((r.status, r.json()), (200, json!(1 << 20)), "{}", r.status);
+    let r = call(
+        &gw,
+        "repeat",
+        r#"{"types":"string,int","values":["ab",524288]}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.status);
+    assert_eq!(r.json().as_str().map(str::len), Some(1 << 20));
+}
+
+#[test]
+fn java_exception_is_a_500_naming_it() {
+    let Some(p) = provider() else { return };
+    let gw = generic_gw(p, json!({}), None);
+    let r = call(&gw, "fail", r#"{"types":"string","values":"boom at 42"}"#);
+    assert_eq!(r.status, 500, "{r:?}");
+    assert!(r.body.contains("java.lang.IllegalStateException"), "{r:?}");
+    assert!(r.body.contains("boom at 42"), "{r:?}");
+}
+
+#[test]
+fn java_slow_method_times_out_with_504_and_the_connection_stays_usable() {
+    let Some(p) = provider() else { return };
+    let gw = generic_gw(p, json!({}), Some(1.0));
+    let t0 = Instant::now();
+    let r = call(&gw, "slow", r#"{"types":"int","values":4000}"#);
+    assert_eq!(r.status, 504, "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    let r = call(&gw, "slow", r#"{"types":"int","values":1}"#);
+    assert_eq!((r.status, r.json()), (200, json!("slept 1")), "{r:?}");
+}
+
+#[test]
+fn java_unknown_service_or_method_is_an_error_not_a_hang() {
+    let Some(p) = provider() else { return };
+    let gw = Gw::start(json!({"routes": [{"id": "t", "uri": "/types",
+        "plugins": {"dubbo-proxy": {"service_name": "org.sluice.peer.Nothing",
+                                    "service_version": "1.0.0", "generic": true}},
+        "upstream": {"type": "roundrobin", "nodes": {p.to_string(): 1}}}]}));
+    let r = call(&gw, "ping", "");
+    assert_eq!(r.status, 502, "{r:?}");
+    let gw = generic_gw(p, json!({}), None);
+    let r = call(&gw, "noSuchMethod", "");
+    assert!(r.status >= 500, "{r:?}");
+    assert!(r.body.contains("noSuchMethod"), "{r:?}");
+}
+
+/// Arguments that do not fit the declared types, or no JSON at all: 400, and the provider sees nothing (the
+/// upstream here records any connection).
+#[test]
+fn java_generic_bad_arguments_are_400_and_nothing_is_sent() {
+    let Some(p) = provider() else { return };
+    let gw = generic_gw(p, json!({}), None);
+    let bad = [
+        r#"{"types":"int,int","values":["x",1]}"#,
+        r#"{"types":"int,int","values":[4294967296,1]}"#,
+        r#"{"types":"int,int","values":[1.5,1]}"#,
+        r#"{"types":"long","values":"99999999999999999999"}"#,
+        r#"{"types":"long","values":1e300}"#,
+        r#"{"types":"boolean","values":"yes"}"#,
+        r#"{"types":"int,int","values":[1]}"#,
+        r#"{"types":"int","values":[1,2]}"#,
+        r#"{"types":"org.sluice.peer.User","values":"ann"}"#,
+        r#"{"types":"#,
+        r#"[1,2]"#,
+    ];
+    for body in bad {
+        let r = call(&gw, "addInt", body);
+        assert_eq!(r.status, 400, "{body}: {r:?}");
+    }
+    // The same requests against an upstream that records connections: none is made.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let probe = l.local_addr().unwrap();
+    let gw = generic_gw(probe, json!({}), None);
+    for body in bad {
+        assert_eq!(call(&gw, "addInt", body).status, 400, "{body}");
+    }
+    let mut conn = l.accept();
+    if let Ok((s, _)) = &mut conn {
+        let mut b = Vec::new();
+        let _ = s.read_to_end(&mut b);
+        panic!("the gateway connected upstream and sent {} bytes", b.len());
+    }
+}
+
+/// A provider whose one thread is busy answers SERVER_THREADPOOL_EXHAUSTED_ERROR: 503.
+#[test]
+fn java_thread_pool_exhausted_is_503() {
+    let Some(p) = spawn(1) else { return };
+    let gw = generic_gw(p.addr, json!({}), Some(20.0));
+    let addr = gw.addr;
+    let busy = std::thread::spawn(move || {
+        request(
+            addr,
+            "POST",
+            "/types?method=slow",
+            &[("Content-Type", "application/json")],
+            r#"{"types":"int","values":3000}"#,
+        )
+    });
+    let end = Instant::now() + Duration::from_secs(3);
+    let mut seen = None;
+    while Instant::now() < end {
+        let r = call(&gw, "ping", "");
+        if r.status != 200 {
+            seen = Some(r);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = seen.expect("no call was refused while the only thread slept");
+    assert_eq!(r.status, 503, "{r:?}");
+    assert!(r.body.contains("THREADPOOL_EXHAUSTED"), "{r:?}");
+    assert_eq!(busy.join().unwrap().status, 200);
+}
