@@ -435,33 +435,220 @@ fn java_generic_bad_arguments_are_400_and_nothing_is_sent() {
     }
 }
 
-/// A provider whose one thread is busy answers SERVER_THREADPOOL_EXHAUSTED_ERROR: 503.
+/// A provider with one thread and no queue (Dubbo's fixed pool): of calls that overlap, those finding it busy are
+/// answered SERVER_THREADPOOL_EXHAUSTED_ERROR, a 503.
 #[test]
 fn java_thread_pool_exhausted_is_503() {
     let Some(p) = spawn(1) else { return };
-    let gw = generic_gw(p.addr, json!({}), Some(20.0));
+    let gw = generic_gw(p.addr, json!({}), Some(30.0));
+    // Warm: the provider's first generic call is slow (class loading).
+    assert_eq!(call(&gw, "ping", "").status, 200);
     let addr = gw.addr;
-    let busy = std::thread::spawn(move || {
-        request(
-            addr,
-            "POST",
-            "/types?method=slow",
-            &[("Content-Type", "application/json")],
-            r#"{"types":"int","values":3000}"#,
-        )
-    });
-    let end = Instant::now() + Duration::from_secs(3);
-    let mut seen = None;
-    while Instant::now() < end {
-        let r = call(&gw, "ping", "");
-        if r.status != 200 {
-            seen = Some(r);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                request(
+                    addr,
+                    "POST",
+                    "/types?method=slow",
+                    &[("Content-Type", "application/json")],
+                    r#"{"types":"int","values":4000}"#,
+                )
+            })
+        })
+        .collect();
+    let answers: Vec<_> = calls.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(answers.iter().any(|r| r.status == 200), "{answers:?}");
+    let refused = answers
+        .iter()
+        .find(|r| r.status != 200)
+        .expect("four overlapping calls all ran on one thread");
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert!(refused.body.contains("THREADPOOL_EXHAUSTED"), "{refused:?}");
+}
+
+fn params_gw(p: SocketAddr, routes: &[(&str, &str, Value)]) -> Gw {
+    let routes: Vec<Value> = routes
+        .iter()
+        .enumerate()
+        .map(|(i, (uri, method, params))| {
+            json!({"id": format!("r{i}"), "uri": uri,
+                   "plugins": {"dubbo-proxy": {"service_name": TYPES, "service_version": "1.0.0",
+                                               "method": method, "params": params}},
+                   "upstream": {"type": "roundrobin", "nodes": {p.to_string(): 1}}})
+        })
+        .collect();
+    Gw::start(json!({ "routes": routes }))
+}
+
+fn typed_routes() -> Vec<(&'static str, &'static str, Value)> {
+    vec![
+        (
+            "/add/:a",
+            "addInt",
+            json!([{"type": "int", "from": "path.a"}, {"type": "int", "from": "query.b"}]),
+        ),
+        (
+            "/greet",
+            "greet",
+            json!([{"type": "java.lang.String", "from": "header.x-name"},
+                                   {"type": "int", "from": "query.times", "default": 1}]),
+        ),
+        (
+            "/long",
+            "nextLong",
+            json!([{"type": "long", "from": "query.v"}]),
+        ),
+        (
+            "/older",
+            "older",
+            json!([{"type": "org.sluice.peer.User", "from": "body.user"}]),
+        ),
+        (
+            "/reverse",
+            "reverse",
+            json!([{"type": "java.util.List", "from": "query.xs"}]),
+        ),
+        ("/ping", "ping", json!([])),
+        (
+            "/describe",
+            "describe",
+            json!([{"type": "java.lang.String", "from": "query.s", "default": null}]),
+        ),
+        (
+            "/not",
+            "not",
+            json!([{"type": "boolean", "from": "body.flag"}]),
+        ),
+    ]
+}
+
+#[test]
+fn java_typed_params_from_path_query_headers_and_body() {
+    let Some(p) = provider() else { return };
+    let gw = params_gw(p, &typed_routes());
+    let post = |path: &str, headers: &[(&str, &str)], body: &str| {
+        request(gw.addr, "POST", path, headers, body)
+    };
+    let cases: Vec<(super::Resp, Value)> = vec![
+        (gw.get("/add/40?b=2", &[]), json!(42)),
+        (gw.get("/add/-1?b=-2147483647", &[]), json!(-2147483648i64)),
+        (gw.get("/greet", &[("X-Name", "tc")]), json!("hello tc")),
+        (
+            gw.get("/greet?times=2", &[("X-Name", "tc")]),
+            json!("hello tc hello tc"),
+        ),
+        (
+            gw.get("/long?v=9007199254740993", &[]),
+            json!("9007199254740994"),
+        ),
+        (
+            post(
+                "/older",
+                &[],
+                r#"{"user": {"name": "ann", "age": 41, "id": 7, "tags": []}}"#,
+            ),
+            // Dubbo's generic answer names the POJO's class.
+            json!({"class": "org.sluice.peer.User", "name": "ann", "age": 42, "id": 7, "tags": ["older"]}),
+        ),
+        (gw.get("/reverse?xs=%5B1%2C2%2C3%5D", &[]), json!([3, 2, 1])),
+        (gw.get("/ping", &[]), json!("pong")),
+        (gw.get("/describe?s=a%20b+c", &[]), json!("string:a b c")),
+        (gw.get("/describe", &[]), json!("null")),
+        (post("/not", &[], r#"{"flag": false}"#), json!(true)),
+    ];
+    for (i, (r, want)) in cases.into_iter().enumerate() {
+        assert_eq!(r.status, 200, "case {i}: {r:?}");
+        assert_eq!(r.json(), want, "case {i}: {r:?}");
     }
-    let r = seen.expect("no call was refused while the only thread slept");
-    assert_eq!(r.status, 503, "{r:?}");
-    assert!(r.body.contains("THREADPOOL_EXHAUSTED"), "{r:?}");
-    assert_eq!(busy.join().unwrap().status, 200);
+}
+
+/// What an attacker sends to typed parameters: wrong types, numbers out of range, missing values, broken JSON or
+/// encodings. Each is a 400 naming the parameter, and nothing reaches the upstream.
+#[test]
+fn java_typed_params_refuse_bad_input_and_send_nothing() {
+    let Some(p) = provider() else { return };
+    type Req<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], &'a str);
+    let bad: Vec<Req> = vec![
+        ("GET", "/add/40", &[], ""),
+        ("GET", "/add/x?b=1", &[], ""),
+        ("GET", "/add/1?b=2147483648", &[], ""),
+        ("GET", "/add/1?b=99999999999999999999999", &[], ""),
+        ("GET", "/add/1?b=1.5", &[], ""),
+        ("GET", "/add/1?b=", &[], ""),
+        ("GET", "/greet", &[], ""),
+        ("GET", "/greet?times=lots", &[("X-Name", "tc")], ""),
+        ("GET", "/long?v=9223372036854775808", &[], ""),
+        ("GET", "/long?v=0x10", &[], ""),
+        ("GET", "/reverse?xs=%5B1%2C", &[], ""),
+        ("GET", "/reverse?xs=%7B%7D", &[], ""),
+        ("GET", "/describe?s=%FF", &[], ""),
+        ("POST", "/older", &[], r#"{"user": "ann"}"#),
+        ("POST", "/older", &[], r#"{"usr": {}}"#),
+        ("POST", "/older", &[], r#"{"user": {"#),
+        ("POST", "/not", &[], r#"{"flag": "maybe"}"#),
+        ("POST", "/not", &[], r#"{"flag": null}"#),
+        ("POST", "/not", &[], ""),
+    ];
+    let check = |gw: &Gw| {
+        for (method, path, headers, body) in &bad {
+            let r = request(gw.addr, method, path, headers, body);
+            assert_eq!(r.status, 400, "{method} {path} {body}: {r:?}");
+            assert!(
+                r.body.contains("parameter") || r.body.contains("JSON"),
+                "{r:?}"
+            );
+        }
+    };
+    check(&params_gw(p, &typed_routes()));
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    check(&params_gw(l.local_addr().unwrap(), &typed_routes()));
+    assert!(l.accept().is_err(), "the gateway connected upstream");
+}
+
+#[test]
+fn java_typed_params_bad_config_is_refused() {
+    let route = |conf: Value| {
+        json!({"routes": [{"id": "x", "uri": "/x", "plugins": {"dubbo-proxy": conf},
+                           "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1": 1}}}]})
+    };
+    for conf in [
+        json!({"params": [{"type": "int[[", "from": "query.a"}]}),
+        json!({"params": [{"type": "int", "from": "cookie.a"}]}),
+        json!({"params": [{"type": "int", "from": "query."}]}),
+        json!({"params": [{"type": "int", "from": "query.a", "default": "x"}]}),
+        json!({"params": [{"type": "int"}]}),
+        json!({"attachments": {"version": "2.0.0"}}),
+        json!({"attachments": {"generic": "false"}}),
+        json!({"attachments": {"a": 1}}),
+        json!({"retries": -1}),
+    ] {
+        let mut c = json!({"service_name": TYPES, "service_version": "1.0.0"});
+        c.as_object_mut()
+            .unwrap()
+            .extend(conf.as_object().unwrap().clone());
+        assert!(Gw::try_start(route(c.clone())).is_err(), "{c}");
+    }
+}
+
+#[test]
+fn java_attachments_reach_the_provider() {
+    let Some(p) = provider() else { return };
+    let gw = generic_gw(p, json!({"attachments": {"tenant": "blue"}}), None);
+    let r = call(&gw, "attachment", r#"{"types":"string","values":"tenant"}"#);
+    assert_eq!((r.status, r.json()), (200, json!("blue")), "{r:?}");
+}
+
+/// `retries` repeats a call that timed out (here the provider is slow on the first call only); without it the
+/// timeout is the answer.
+#[test]
+fn java_retries_repeat_a_timed_out_call() {
+    let Some(p) = provider() else { return };
+    let body = |key: &str| format!(r#"{{"types":"string,int","values":["{key}",3000]}}"#);
+    let gw = generic_gw(p, json!({}), Some(1.0));
+    assert_eq!(call(&gw, "slowFirst", &body("no-retry")).status, 504);
+    let gw = generic_gw(p, json!({"retries": 1}), Some(1.0));
+    let r = call(&gw, "slowFirst", &body("retry"));
+    assert_eq!((r.status, r.json()), (200, json!("again")), "{r:?}");
 }

@@ -24,4 +24,6 @@ public interface TypesService {
     String repeat(String unit, int times);
     byte[] bytes(int n);
     Date date(long millis);
+    String attachment(String key);
+    String slowFirst(String key, int millis);
 }

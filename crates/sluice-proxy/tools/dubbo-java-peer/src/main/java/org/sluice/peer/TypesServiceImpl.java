@@ -6,6 +6,10 @@ import java.util.Date;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+
+import org.apache.dubbo.rpc.RpcContext;
 
 public class TypesServiceImpl implements TypesService {
     public int addInt(int a, int b) { return a + b; }
@@ -62,4 +66,18 @@ public class TypesServiceImpl implements TypesService {
     }
 
     public Date date(long millis) { return new Date(millis); }
+
+    /** An attachment the call carried. */
+    public String attachment(String key) { return RpcContext.getServerAttachment().getAttachment(key); }
+
+    private final Set<String> seen = ConcurrentHashMap.newKeySet();
+
+    /** Sleeps on the first call for `key` only: a repeated call succeeds at once. */
+    public String slowFirst(String key, int millis) {
+        if (seen.add(key)) {
+            slow(millis);
+            return "first";
+        }
+        return "again";
+    }
 }
