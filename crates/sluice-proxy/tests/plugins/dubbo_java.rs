@@ -155,6 +155,7 @@ fn spawn(threads: u32) -> Option<Provider> {
             &format!("-Dport={port}"),
             &format!("-Dhost={host}"),
             &format!("-Dthreads={threads}"),
+            "-Dexit.with.stdin=true",
             "-cp",
             &cp,
             "org.sluice.peer.Provider",

@@ -28,6 +28,10 @@ public class Provider {
             .start();
         System.out.println("READY " + port);
         System.out.flush();
+        if (!Boolean.getBoolean("exit.with.stdin")) {
+            DubboBootstrap.getInstance().await();
+            return;
+        }
         // The test that started us holds our stdin: when it ends (even killed), we end too.
         try {
             while (System.in.read() != -1) {
