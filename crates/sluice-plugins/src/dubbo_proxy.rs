@@ -12,7 +12,7 @@
 //! response phases and the logs like any upstream's. Dubbo statuses map to HTTP (timeouts 504, service not found
 //! 502, thread pool exhausted 503); a provider exception is a 500 naming it.
 
-mod client;
+pub(crate) mod client;
 mod params;
 
 use std::rc::Rc;

@@ -653,3 +653,126 @@ fn java_retries_repeat_a_timed_out_call() {
     let r = call(&gw, "slowFirst", &body("retry"));
     assert_eq!((r.status, r.json()), (200, json!("again")), "{r:?}");
 }
+
+fn http_dubbo_gw(p: SocketAddr, routes: &[(&str, Value)]) -> Gw {
+    let routes: Vec<Value> = routes
+        .iter()
+        .enumerate()
+        .map(|(i, (uri, conf))| {
+            let mut c = json!({"service_name": TYPES, "service_version": "1.0.0"});
+            c.as_object_mut()
+                .unwrap()
+                .extend(conf.as_object().unwrap().clone());
+            json!({"id": format!("h{i}"), "uri": uri, "plugins": {"http-dubbo": c},
+                   "upstream": {"type": "roundrobin", "nodes": {p.to_string(): 1}}})
+        })
+        .collect();
+    Gw::start(json!({ "routes": routes }))
+}
+
+fn http_dubbo_routes() -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "/greet",
+            json!({"method": "greet", "params_type_desc": "Ljava/lang/String;I"}),
+        ),
+        (
+            "/add",
+            json!({"method": "addInt", "params_type_desc": "II"}),
+        ),
+        (
+            "/long",
+            json!({"method": "nextLong", "params_type_desc": "J"}),
+        ),
+        (
+            "/older",
+            json!({"method": "older", "params_type_desc": "Lorg/sluice/peer/User;"}),
+        ),
+        ("/ping", json!({"method": "ping"})),
+        ("/nothing", json!({"method": "nothing"})),
+        (
+            "/fail",
+            json!({"method": "fail", "params_type_desc": "Ljava/lang/String;"}),
+        ),
+        (
+            "/ser",
+            json!({"method": "addInt", "params_type_desc": "II", "serialized": true}),
+        ),
+        (
+            "/hdr",
+            json!({"method": "addInt", "params_type_desc": "II",
+                        "serialization_header_key": "X-Serialized"}),
+        ),
+        (
+            "/small",
+            json!({"method": "length", "params_type_desc": "Ljava/lang/String;",
+                          "max_req_body_size": 16}),
+        ),
+    ]
+}
+
+/// APISIX's http-dubbo (fastjson wire) against the Java provider.
+#[test]
+fn java_http_dubbo_fastjson_calls() {
+    let Some(p) = provider() else { return };
+    let gw = http_dubbo_gw(p, &http_dubbo_routes());
+    let post = |path: &str, headers: &[(&str, &str)], body: &str| {
+        request(gw.addr, "POST", path, headers, body)
+    };
+    let ok: Vec<(super::Resp, &str)> = vec![
+        (
+            post("/greet", &[], r#"["tc", 2]"#),
+            r#""hello tc hello tc""#,
+        ),
+        (
+            post("/greet", &[], "[\"a\\nb\\\"c\", 1]"),
+            r#""hello a\nb\"c""#,
+        ),
+        (post("/add", &[], "[40, 2]"), "42"),
+        (post("/long", &[], "[9007199254740993]"), "9007199254740994"),
+        (
+            post(
+                "/older",
+                &[],
+                r#"[{"name": "ann", "age": 41, "id": 7, "tags": ["a"]}]"#,
+            ),
+            r#"{"age":42,"id":7,"name":"ann","tags":["a","older"]}"#,
+        ),
+        (post("/ping", &[], ""), r#""pong""#),
+        (post("/nothing", &[], ""), ""),
+        (post("/ser", &[], "40\n2"), "42"),
+        (post("/hdr", &[("X-Serialized", "true")], "1\n2\n"), "3"),
+        (post("/hdr", &[], "[1, 2]"), "3"),
+    ];
+    for (i, (r, want)) in ok.into_iter().enumerate() {
+        assert_eq!((r.status, r.body.as_str()), (200, want), "case {i}: {r:?}");
+    }
+    let r = post("/fail", &[], r#"["boom"]"#);
+    assert_eq!(r.status, 500, "{r:?}");
+    assert!(
+        r.body.contains("java.lang.IllegalStateException: boom"),
+        "{r:?}"
+    );
+    assert_eq!(post("/small", &[], r#"["a long string here"]"#).status, 413);
+}
+
+/// Bodies that are not a JSON array of arguments: 400, and nothing reaches the upstream.
+#[test]
+fn java_http_dubbo_bad_body_is_400_and_nothing_is_sent() {
+    let Some(p) = provider() else { return };
+    let bad = ["[40,", "40", r#""x""#, "{nope"];
+    let check = |gw: &Gw| {
+        for body in bad {
+            let r = request(gw.addr, "POST", "/add", &[], body);
+            assert_eq!(r.status, 400, "{body}: {r:?}");
+        }
+    };
+    check(&http_dubbo_gw(p, &http_dubbo_routes()));
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    check(&http_dubbo_gw(
+        l.local_addr().unwrap(),
+        &http_dubbo_routes(),
+    ));
+    assert!(l.accept().is_err(), "the gateway connected upstream");
+}

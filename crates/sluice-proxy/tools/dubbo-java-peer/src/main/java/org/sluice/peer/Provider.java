@@ -16,6 +16,8 @@ public class Provider {
         ProtocolConfig proto = new ProtocolConfig("dubbo", port);
         proto.setHost(System.getProperty("host", "127.0.0.1"));
         proto.setSerialization("hessian2");
+        // fastjson too: APISIX's http-dubbo sends it.
+        proto.setPreferSerialization("hessian2,fastjson");
         proto.setThreads(Integer.getInteger("threads", 200));
         ApplicationConfig app = new ApplicationConfig("sluice-java-peer");
         app.setQosEnable(false);
