@@ -14,8 +14,10 @@ BUILD_PKGS := protobuf-compiler libprotobuf-dev gcc libc6-dev ca-certificates
 RUN_PKGS := $(BUILD_PKGS) curl
 # The tests start real etcd and Redis servers and real gRPC peers (python3-venv for the Python one), drive curl
 # (with HTTP/2) and openssl, and kill processes; nginx, HAProxy and wrk are for the side-by-side benchmark tests.
-# Go (h2spec, the grpc-go and dubbo-go test peers) is installed by deps-go.
-TEST_PKGS := $(BUILD_PKGS) etcd-server redis-server nginx haproxy wrk nghttp2-client curl openssl procps util-linux python3-venv
+# Go (h2spec, the grpc-go and dubbo-go test peers) is installed by deps-go; Java and Maven build the Java Dubbo
+# test provider (crates/sluice-proxy/tools/dubbo-java-peer, dependencies from Maven Central).
+TEST_PKGS := $(BUILD_PKGS) etcd-server redis-server nginx haproxy wrk nghttp2-client curl openssl procps util-linux python3-venv \
+  openjdk-17-jdk-headless maven
 BENCH_PKGS := $(BUILD_PKGS) nginx haproxy wrk nghttp2-client valgrind
 
 .PHONY: run test lint build bench deps-test deps-run deps-bench deps-go deps-ui ui test-ui ui-screenshots clean-data

@@ -29,6 +29,8 @@ pub struct Service {
     pub timeout_ms: Option<u64>,
     /// Sent as `remote.application`.
     pub application: Option<String>,
+    /// More attachments, after the ones above (names that would replace one of them are the caller's to refuse).
+    pub extra: Vec<(String, String)>,
 }
 
 impl Service {
@@ -39,12 +41,13 @@ impl Service {
             group: None,
             timeout_ms: None,
             application: None,
+            extra: Vec::new(),
         }
     }
 
     /// `path`, `remote.application`, `interface`, `version`, `group`, `timeout`: the order a Java consumer uses.
     pub fn attachments(&self) -> Vec<(String, Value)> {
-        let mut a = Vec::with_capacity(6);
+        let mut a = Vec::with_capacity(6 + self.extra.len());
         a.push(("path".into(), Value::string(&self.interface)));
         if let Some(app) = &self.application {
             a.push(("remote.application".into(), Value::string(app)));
@@ -58,6 +61,9 @@ impl Service {
         }
         if let Some(t) = self.timeout_ms {
             a.push(("timeout".into(), Value::String(t.to_string())));
+        }
+        for (k, v) in &self.extra {
+            a.push((k.clone(), Value::string(v)));
         }
         a
     }

@@ -30,6 +30,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod fastjson;
 pub mod hessian;
 pub mod invoke;
 pub mod java;

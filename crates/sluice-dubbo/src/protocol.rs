@@ -59,13 +59,13 @@ impl Status {
         }
     }
 
-    /// The HTTP status a gateway answers with: 200 for OK, 504 for a timeout, 400 for a request the provider
-    /// could not read, 503 when its thread pool is exhausted, 502 otherwise.
+    /// The HTTP status a gateway answers with: 200 for OK, 504 for a timeout, 503 when its thread pool is
+    /// exhausted, 502 otherwise. BAD_REQUEST is 502 too: the gateway built that request (the client's bad input is
+    /// refused before anything is sent), and a Java provider answers it for a service it does not export.
     pub fn http_status(self) -> u16 {
         match self {
             Status::OK => 200,
             Status::CLIENT_TIMEOUT | Status::SERVER_TIMEOUT => 504,
-            Status::BAD_REQUEST => 400,
             Status::SERVER_THREADPOOL_EXHAUSTED_ERROR => 503,
             _ => 502,
         }

@@ -347,7 +347,7 @@ fn responses_of_every_kind() {
     assert_eq!(Status::SERVER_TIMEOUT.http_status(), 504);
     assert_eq!(Status::CLIENT_TIMEOUT.http_status(), 504);
     assert_eq!(Status::SERVER_THREADPOOL_EXHAUSTED_ERROR.http_status(), 503);
-    assert_eq!(Status::BAD_REQUEST.http_status(), 400);
+    assert_eq!(Status::BAD_REQUEST.http_status(), 502);
 }
 
 #[test]

@@ -12,7 +12,8 @@
 //! response phases and the logs like any upstream's. Dubbo statuses map to HTTP (timeouts 504, service not found
 //! 502, thread pool exhausted 503); a provider exception is a 500 naming it.
 
-mod client;
+pub(crate) mod client;
+mod params;
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use sluice_dubbo::invoke::{self, Service};
+use sluice_dubbo::java::JavaType;
 use sluice_dubbo::protocol::Message;
 use sluice_router::MatchRequest;
 
@@ -53,14 +55,43 @@ fn schema() -> Value {
                         "type": "boolean", "default": false},
             "group": {"description": "Sluice: the service group", "type": "string", "minLength": 1},
             "timeout": {"description": "Sluice: the provider-side timeout in milliseconds (the `timeout` attachment)",
-                        "type": "integer", "minimum": 1}
+                        "type": "integer", "minimum": 1},
+            "params": params::schema(),
+            "attachments": {"description": "Sluice: attachments every call carries",
+                            "type": "object", "maxProperties": 64,
+                            "additionalProperties": {"type": "string"}},
+            "retries": {"description": "Sluice: how many times a call that failed in transit or timed out (also a provider timeout or full thread pool) is repeated on the same provider, as Dubbo's failover does; only for idempotent methods",
+                        "type": "integer", "minimum": 0, "maximum": 10, "default": 0}
         },
         "required": ["service_name", "service_version"]
     })
 }
 
+/// Attachments Sluice sets itself (or Dubbo reserves): a configured one may not replace them.
+const RESERVED_ATTACHMENTS: &[&str] = &[
+    "path",
+    "interface",
+    "version",
+    "group",
+    "timeout",
+    "generic",
+    "dubbo",
+    "remote.application",
+];
+
 fn check(v: &Value) -> Result<(), String> {
-    sluice_model::schema::validate(&schema(), v)
+    sluice_model::schema::validate(&schema(), v)?;
+    if let Some(a) = v.get("attachments").and_then(Value::as_object) {
+        if let Some(k) = a
+            .keys()
+            .find(|k| RESERVED_ATTACHMENTS.contains(&k.to_ascii_lowercase().as_str()))
+        {
+            return Err(format!(
+                "attachment {k:?} is set by the plugin itself (service_name, service_version, group, timeout, generic)"
+            ));
+        }
+    }
+    params::compile(v.get("params").unwrap_or(&Value::Null)).map(|_| ())
 }
 
 struct DubboProxy {
@@ -68,6 +99,10 @@ struct DubboProxy {
     method: Option<String>,
     multiplex: usize,
     generic: bool,
+    /// Typed parameters from the request (`params` set: a generic call with these arguments).
+    params: Option<Vec<params::Param>>,
+    types: Vec<JavaType>,
+    retries: u32,
 }
 
 fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
@@ -85,11 +120,31 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     );
     service.group = text("group");
     service.timeout_ms = v.get("timeout").and_then(Value::as_u64);
+    if let Some(a) = v.get("attachments").and_then(Value::as_object) {
+        service.extra = a
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+            .collect();
+    }
+    let params = match v.get("params") {
+        Some(p) => Some(params::compile(p)?),
+        None => None,
+    };
+    let types = v
+        .get("params")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|p| JavaType::parse(p.get("type")?.as_str()?).ok())
+        .collect();
     Ok(Arc::new(DubboProxy {
         service,
         method: text("method"),
         multiplex,
-        generic: v.get("generic").and_then(Value::as_bool) == Some(true),
+        generic: params.is_some() || v.get("generic").and_then(Value::as_bool) == Some(true),
+        params,
+        types,
+        retries: v.get("retries").and_then(Value::as_u64).unwrap_or(0) as u32,
     }))
 }
 
@@ -110,6 +165,23 @@ fn response_of(
             timeout: false,
             message: "dubbo: the provider answered with something else than a response".into(),
         }),
+    }
+}
+
+/// Whether a `retries` repeat applies: the call failed on the way, timed out, or the provider answered a timeout
+/// or a full thread pool (Dubbo's failover repeats those; an exception or a bad request is final).
+fn retryable(r: &Result<Message, CallFailure>) -> bool {
+    use sluice_dubbo::protocol::Status;
+    match r {
+        // One that never reached the provider goes to the route's next node instead (the proxy's failover).
+        Err(f) => f.sent,
+        Ok(Message::Response { status, .. }) => matches!(
+            *status,
+            Status::CLIENT_TIMEOUT
+                | Status::SERVER_TIMEOUT
+                | Status::SERVER_THREADPOOL_EXHAUSTED_ERROR
+        ),
+        Ok(_) => false,
     }
 }
 
@@ -200,7 +272,28 @@ impl Plugin for DubboProxy {
                 "no dubbo method in the request path",
             ));
         }
-        let req = if self.generic {
+        let req = if let Some(params) = &self.params {
+            let body = ctx.body.unwrap_or(&[]);
+            let json = if params::reads_body(params) && !body.iter().all(u8::is_ascii_whitespace) {
+                match serde_json::from_slice::<Value>(body) {
+                    Ok(j) => Some(j),
+                    Err(e) => {
+                        return Flow::Respond(Response::message(
+                            400,
+                            &format!("invalid JSON body: {e}"),
+                        ))
+                    }
+                }
+            } else {
+                None
+            };
+            match params::args(params, ctx, json.as_ref()) {
+                Ok(args) => {
+                    invoke::generic_request_values(&self.service, &method, &self.types, args)
+                }
+                Err(msg) => return Flow::Respond(Response::message(400, &msg)),
+            }
+        } else if self.generic {
             match generic_call(&self.service, &method, ctx.body.unwrap_or(&[])) {
                 Ok(r) => r,
                 Err(msg) => return Flow::Respond(Response::message(400, &msg)),
@@ -214,11 +307,19 @@ impl Plugin for DubboProxy {
             invoke::dubbo_proxy_request(&self.service, &method, headers, ctx.body.unwrap_or(&[]))
         };
         let req = Rc::new(req);
-        let (multiplex, generic) = (self.multiplex, self.generic);
+        let (multiplex, generic, retries) = (self.multiplex, self.generic, self.retries);
         ctx.call_upstream(Rc::new(move |addr, t| {
             let req = req.clone();
             Box::pin(async move {
-                let m = client::call(addr, &req, multiplex, t.connect, t.read).await?;
+                let mut left = retries;
+                let m = loop {
+                    let r = client::call(addr, &req, multiplex, t.connect, t.read).await;
+                    if left == 0 || !retryable(&r) {
+                        break r?;
+                    }
+                    left -= 1;
+                    tracing::debug!("dubbo call repeated ({left} retries left)");
+                };
                 if generic {
                     generic_answer(m)
                 } else {

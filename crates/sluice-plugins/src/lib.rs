@@ -33,6 +33,7 @@ mod grpc_transcode;
 mod grpc_web;
 mod gzip;
 pub mod hmac_auth;
+mod http_dubbo;
 mod http_logger;
 mod ip_restriction;
 pub mod jwt_auth;

@@ -51,6 +51,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::dubbo_proxy::ENTRY,
     crate::grpc_transcode::ENTRY,
     crate::grpc_web::ENTRY,
+    crate::http_dubbo::ENTRY,
     crate::prometheus::ENTRY,
     crate::echo::ENTRY,
     crate::http_logger::ENTRY,

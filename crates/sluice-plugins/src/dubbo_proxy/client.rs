@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
-use sluice_dubbo::protocol::{self, FrameDecoder, Message, Request, DEFAULT_MAX_PAYLOAD};
+use sluice_dubbo::protocol::{self, Frame, FrameDecoder, Message, Request, DEFAULT_MAX_PAYLOAD};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
@@ -24,11 +24,22 @@ const HEARTBEAT: Duration = Duration::from_secs(30);
 /// Connections per node per worker thread, at most.
 const MAX_CONNS: usize = 16;
 
-type Answer = Result<Message, String>;
+/// A decoded hessian2 answer, or the frame itself for a caller that reads another serialization (http-dubbo).
+enum Reply {
+    Message(Message),
+    Frame(Frame),
+}
+
+type Answer = Result<Reply, String>;
+
+/// Writes a request frame with the request id it is given.
+pub(crate) type Encode<'a> = &'a dyn Fn(u64, &mut Vec<u8>) -> Result<(), String>;
 
 struct Outgoing {
     id: u64,
     frame: Vec<u8>,
+    /// The caller decodes the answer itself.
+    raw: bool,
     reply: oneshot::Sender<Answer>,
 }
 
@@ -128,13 +139,52 @@ pub(crate) async fn call(
     connect: Duration,
     read: Duration,
 ) -> Result<Message, CallFailure> {
+    let encode = |id: u64, frame: &mut Vec<u8>| {
+        protocol::encode_request(req, id, DEFAULT_MAX_PAYLOAD, frame).map_err(|e| e.to_string())
+    };
+    match exchange(addr, &encode, false, multiplex, connect, read).await? {
+        Reply::Message(m) => Ok(m),
+        Reply::Frame(_) => Err(failure(true, false, "dubbo: unexpected raw answer")),
+    }
+}
+
+/// Sends the frame `encode` writes (with the request id it is given) and returns the answer's frame undecoded.
+pub(crate) async fn call_raw(
+    addr: SocketAddr,
+    encode: Encode<'_>,
+    multiplex: usize,
+    connect: Duration,
+    read: Duration,
+) -> Result<Frame, CallFailure> {
+    match exchange(addr, encode, true, multiplex, connect, read).await? {
+        Reply::Frame(f) => Ok(f),
+        Reply::Message(_) => Err(failure(true, false, "dubbo: unexpected decoded answer")),
+    }
+}
+
+async fn exchange(
+    addr: SocketAddr,
+    encode: Encode<'_>,
+    raw: bool,
+    multiplex: usize,
+    connect: Duration,
+    read: Duration,
+) -> Result<Reply, CallFailure> {
     let mux = mux_for(addr, multiplex, connect).await?;
     let id = next_id();
     let mut frame = Vec::with_capacity(256);
-    protocol::encode_request(req, id, DEFAULT_MAX_PAYLOAD, &mut frame)
-        .map_err(|e| failure(false, false, format!("dubbo request: {e}")))?;
+    encode(id, &mut frame).map_err(|e| failure(false, false, format!("dubbo request: {e}")))?;
     let (reply, rx) = oneshot::channel();
-    if mux.tx.send(Outgoing { id, frame, reply }).is_err() {
+    if mux
+        .tx
+        .send(Outgoing {
+            id,
+            frame,
+            raw,
+            reply,
+        })
+        .is_err()
+    {
         mux.dead.set(true);
         return Err(failure(
             false,
@@ -164,7 +214,7 @@ pub(crate) async fn call(
 /// The connection's task: writes what callers send, hands answers back by id, keeps the connection alive.
 async fn run(stream: TcpStream, mut rx: mpsc::UnboundedReceiver<Outgoing>, dead: Rc<Cell<bool>>) {
     let (mut rd, mut wr) = stream.into_split();
-    let mut pending: HashMap<u64, oneshot::Sender<Answer>> = HashMap::new();
+    let mut pending: HashMap<u64, (oneshot::Sender<Answer>, bool)> = HashMap::new();
     let mut frames = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
     let mut buf = vec![0u8; 16 * 1024];
     let mut wbuf: Vec<u8> = Vec::with_capacity(4096);
@@ -183,7 +233,7 @@ async fn run(stream: TcpStream, mut rx: mpsc::UnboundedReceiver<Outgoing>, dead:
                         continue;
                     }
                     wbuf.extend_from_slice(&out.frame);
-                    pending.insert(out.id, out.reply);
+                    pending.insert(out.id, (out.reply, out.raw));
                 }
                 if wbuf.is_empty() {
                     continue;
@@ -206,29 +256,29 @@ async fn run(stream: TcpStream, mut rx: mpsc::UnboundedReceiver<Outgoing>, dead:
                         Ok(None) => break,
                         Err(e) => break 'conn format!("bad frame: {e}"),
                     };
-                    match protocol::decode(&frame) {
-                        Ok(Message::Event { id, request: true, two_way, .. }) => {
-                            if two_way {
-                                let mut hb = Vec::with_capacity(17);
-                                protocol::encode_heartbeat(id, false, &mut hb);
-                                if let Err(e) = wr.write_all(&hb).await {
-                                    break 'conn format!("write: {e}");
-                                }
+                    let h = frame.header;
+                    if !h.is_request() && !h.is_event() {
+                        // A response: its caller gets it, decoded unless it reads the frame itself.
+                        let Some((tx, raw)) = pending.remove(&h.id) else { continue };
+                        let answer = if raw {
+                            Ok(Reply::Frame(frame))
+                        } else {
+                            match protocol::decode(&frame) {
+                                Ok(m @ Message::Response { .. }) => Ok(Reply::Message(m)),
+                                Ok(_) => Err("not a response".to_owned()),
+                                Err(e) => Err(format!("undecodable answer: {e}")),
                             }
-                        }
-                        Ok(Message::Event { .. }) => {}
-                        Ok(m @ Message::Response { .. }) => {
-                            let Message::Response { id, .. } = &m else { unreachable!() };
-                            if let Some(tx) = pending.remove(id) {
-                                let _ = tx.send(Ok(m));
-                            }
-                        }
-                        Ok(Message::Request { .. }) => {}
-                        Err(e) => {
-                            // The frame's id still names its caller: that call fails, the connection stays.
-                            if let Some(tx) = pending.remove(&frame.header.id) {
-                                let _ = tx.send(Err(format!("undecodable answer: {e}")));
-                            }
+                        };
+                        let _ = tx.send(answer);
+                        continue;
+                    }
+                    // A provider's heartbeat is answered; other events, requests from the provider and undecodable
+                    // events are ignored.
+                    if let Ok(Message::Event { id, request: true, two_way: true, .. }) = protocol::decode(&frame) {
+                        let mut hb = Vec::with_capacity(17);
+                        protocol::encode_heartbeat(id, false, &mut hb);
+                        if let Err(e) = wr.write_all(&hb).await {
+                            break 'conn format!("write: {e}");
                         }
                     }
                 }
@@ -245,7 +295,7 @@ async fn run(stream: TcpStream, mut rx: mpsc::UnboundedReceiver<Outgoing>, dead:
     };
     dead.set(true);
     tracing::debug!(reason = %why, "dubbo connection ends");
-    for (_, tx) in pending.drain() {
+    for (_, (tx, _)) in pending.drain() {
         let _ = tx.send(Err(why.clone()));
     }
     rx.close();

@@ -9,6 +9,7 @@ mod ci;
 mod conn_redis;
 mod delays;
 mod dubbo;
+mod dubbo_java;
 mod forward_auth;
 mod groups;
 mod jwt;

@@ -1,0 +1,197 @@
+//! http-dubbo (priority 504, before_proxy): APISIX's HTTP to Dubbo2 with the fastjson serialization. The body is
+//! a JSON array of the arguments (or, `serialized`, the argument lines themselves), `params_type_desc` their JVM
+//! descriptor; the answer is the returned value's JSON with a 200. The route's upstream nodes are the providers.
+//!
+//! APISIX opens a connection per request; Sluice sends the calls over dubbo-proxy's per-worker multiplexed
+//! connections ([`crate::dubbo_proxy::client`]), so the node choice, failover and passive health are the proxy's
+//! ([`Ctx::call_upstream`]). A body that is not JSON is a 400 and nothing is sent (APISIX fails inside the plugin).
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use sluice_dubbo::fastjson::{self, Answer, SERIALIZATION_FASTJSON};
+use sluice_dubbo::protocol::{Status, DEFAULT_MAX_PAYLOAD};
+
+use crate::dubbo_proxy::client;
+use crate::registry::Entry;
+use crate::{CallFailure, CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin, Response};
+
+pub const NAME: &str = "http-dubbo";
+pub const PRIORITY: i32 = 504;
+
+const MULTIPLEX: usize = 32;
+
+pub(crate) const ENTRY: Entry = Entry {
+    name: NAME,
+    priority: PRIORITY,
+    auth: false,
+    schema,
+    check,
+    compile,
+    secrets: sluice_secrets::SecretFields::NONE,
+};
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "max_req_body_size": {"type": "integer", "minimum": 1, "default": 67108864},
+            "service_name": {"type": "string", "minLength": 1},
+            "service_version": {"type": "string", "pattern": "^\\d+\\.\\d+\\.\\d+", "default": "0.0.0"},
+            "method": {"type": "string", "minLength": 1},
+            "params_type_desc": {"type": "string", "default": ""},
+            "serialization_header_key": {"type": "string"},
+            "serialized": {"type": "boolean", "default": false},
+            "connect_timeout": {"type": "number", "default": 6000},
+            "read_timeout": {"type": "number", "default": 6000},
+            "send_timeout": {"type": "number", "default": 6000}
+        },
+        "required": ["service_name", "method"]
+    })
+}
+
+fn check(v: &Value) -> Result<(), String> {
+    sluice_model::schema::validate(&schema(), v)
+}
+
+struct HttpDubbo {
+    service: String,
+    version: String,
+    method: String,
+    desc: String,
+    serialized: bool,
+    header_key: Option<String>,
+    max_body: usize,
+    connect: Duration,
+    read: Duration,
+}
+
+fn millis(v: &Value, k: &str) -> Duration {
+    let ms = v.get(k).and_then(Value::as_f64).unwrap_or(6000.0);
+    Duration::from_secs_f64((ms / 1000.0).clamp(0.001, 86_400.0))
+}
+
+fn compile(v: &Value, _env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
+    check(v)?;
+    let text = |k: &str, d: &str| v.get(k).and_then(Value::as_str).unwrap_or(d).to_owned();
+    Ok(Arc::new(HttpDubbo {
+        service: text("service_name", ""),
+        version: text("service_version", "0.0.0"),
+        method: text("method", ""),
+        desc: text("params_type_desc", ""),
+        serialized: v.get("serialized").and_then(Value::as_bool) == Some(true),
+        header_key: v
+            .get("serialization_header_key")
+            .and_then(Value::as_str)
+            .map(str::to_ascii_lowercase),
+        max_body: v
+            .get("max_req_body_size")
+            .and_then(Value::as_u64)
+            .map_or(67_108_864, |n| n.min(usize::MAX as u64) as usize),
+        connect: millis(v, "connect_timeout"),
+        read: millis(v, "read_timeout"),
+    }))
+}
+
+/// The HTTP answer for a provider's answer.
+fn answer(status: Status, flags: u8, body: &[u8]) -> Response {
+    if status != Status::OK {
+        let msg = String::from_utf8_lossy(body);
+        let msg = msg.trim_matches(|c: char| c == '"' || c.is_whitespace());
+        return Response::message(
+            status.http_status(),
+            &format!("dubbo status {} ({}): {msg}", status.0, status.name()),
+        );
+    }
+    if flags & sluice_dubbo::protocol::SERIALIZATION_MASK != SERIALIZATION_FASTJSON {
+        return Response::message(502, "dubbo: the provider did not answer in fastjson");
+    }
+    match fastjson::decode_response(body) {
+        Ok(Answer::Value(v)) => Response {
+            status: 200,
+            headers: vec![(
+                Bytes::from_static(b"Content-Type"),
+                Bytes::from_static(b"application/json"),
+            )],
+            body: Bytes::from(v),
+        },
+        Ok(Answer::Null) => Response {
+            status: 200,
+            headers: Vec::new(),
+            body: Bytes::new(),
+        },
+        Ok(Answer::Exception { class, message }) => Response::message(
+            500,
+            &format!(
+                "dubbo provider threw {}: {}",
+                class.as_deref().unwrap_or("an exception"),
+                message.unwrap_or_default()
+            ),
+        ),
+        Err(e) => Response::message(502, &format!("dubbo answer: {e}")),
+    }
+}
+
+impl Plugin for HttpDubbo {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+    fn priority(&self) -> i32 {
+        PRIORITY
+    }
+    fn phases(&self) -> PhaseMask {
+        PhaseMask::of(&[Phase::BeforeProxy])
+    }
+    fn needs_body(&self) -> bool {
+        true
+    }
+
+    fn before_proxy(&self, ctx: &mut Ctx<'_>) -> Flow {
+        let body = ctx.body.unwrap_or(&[]);
+        if body.len() > self.max_body {
+            return Flow::Respond(Response::message(413, "request body too large"));
+        }
+        let serialized = match &self.header_key {
+            Some(k) => ctx.req.head.header(k) == Some(b"true".as_slice()),
+            None => self.serialized,
+        };
+        let args = if serialized {
+            fastjson::args_serialized(body)
+        } else {
+            match fastjson::args_from_body(body) {
+                Ok(a) => a,
+                Err(msg) => return Flow::Respond(Response::message(400, &msg)),
+            }
+        };
+        let mut frame = Vec::new();
+        let call = fastjson::Call {
+            service: &self.service,
+            version: &self.version,
+            method: &self.method,
+            params_type_desc: &self.desc,
+            args: &args,
+        };
+        // Encoded once with id 0; each try writes its own id into the header.
+        if let Err(e) = fastjson::encode_request(&call, 0, DEFAULT_MAX_PAYLOAD, &mut frame) {
+            return Flow::Respond(Response::message(413, &e.to_string()));
+        }
+        let frame = Rc::new(frame);
+        let (connect, read) = (self.connect, self.read);
+        ctx.call_upstream(Rc::new(move |addr, _t| {
+            let frame = frame.clone();
+            Box::pin(async move {
+                let encode = |id: u64, out: &mut Vec<u8>| {
+                    out.extend_from_slice(&frame);
+                    out[4..12].copy_from_slice(&id.to_be_bytes());
+                    Ok(())
+                };
+                let f = client::call_raw(addr, &encode, MULTIPLEX, connect, read).await?;
+                Ok::<_, CallFailure>(answer(f.header.status, f.header.flags, &f.body))
+            })
+        }));
+        Flow::Continue
+    }
+}
