@@ -5,9 +5,11 @@
 //! store's watch channel.
 //!
 //! Layout: `config` (node settings), `http` (hyper glue, auth), `handlers` (generic verbs), `resources`
-//! (declared resources), `patch` (PATCH semantics), `history` (revisions, diff, rollback, status).
+//! (declared resources), `patch` (PATCH semantics), `history` (revisions, diff, rollback, status), `dataplane`
+//! (live stats, request tester, effective chains: Sluice's own endpoints over the running data plane).
 
 mod config;
+mod dataplane;
 mod handlers;
 mod history;
 mod http;
@@ -21,6 +23,9 @@ use sluice_model::Resources;
 use sluice_store::kv::Store;
 
 pub use config::{AdminConfig, AdminKey, Role, SAMPLE_KEYS};
+pub use dataplane::{
+    DataPlane, EffectiveError, MatchQuery, Matched, PluginRun, StatsFeed, MAX_SECONDS, MAX_STREAMS,
+};
 pub use http::serve;
 
 /// The plugins this build knows: the Admin API checks `plugins` objects through it and serves its schemas.
@@ -69,6 +74,10 @@ pub struct AdminState {
     pub applied: tokio::sync::watch::Receiver<u64>,
     /// Serialises validate-then-commit so two writes never validate against the same old state.
     write_lock: Arc<tokio::sync::Mutex<()>>,
+    /// The running data plane, for Sluice's stats, match and effective-chain endpoints (`None`: they answer 503).
+    pub data_plane: Option<Arc<dyn DataPlane>>,
+    /// Bounds concurrent `/stats/stream` answers.
+    streams: Arc<tokio::sync::Semaphore>,
 }
 
 impl AdminState {
@@ -86,7 +95,15 @@ impl AdminState {
             plugins,
             applied,
             write_lock: Arc::new(tokio::sync::Mutex::new(())),
+            data_plane: None,
+            streams: dataplane::stream_slots(),
         }
+    }
+
+    /// Serves the data-plane endpoints (`/stats`, `/match`, ...) from `dp`.
+    pub fn with_data_plane(mut self, dp: Arc<dyn DataPlane>) -> AdminState {
+        self.data_plane = Some(dp);
+        self
     }
 }
 

@@ -79,6 +79,14 @@ struct UpRec<'s> {
     node: usize,
     host: Option<bytes::Bytes>,
     uri: Option<bytes::Bytes>,
+    /// The route the router picked (the live counters count plugins' answers too).
+    matched: Option<&'s CompiledRoute>,
+    /// An upstream attempt was made: `route` and `node` name where it went.
+    attempted: bool,
+    /// The upstream's time of the attempt that answered.
+    upstream: Option<std::time::Duration>,
+    /// Request body bytes forwarded.
+    body_in: u64,
 }
 
 /// How far one attempt got before it failed: decides whether another node may be tried.
@@ -336,32 +344,60 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
     }
 
-    /// Serves one request and logs it. `Ok(true)`: the connection may carry another.
+    /// Serves one request, counts it (`sluice-stats`) and logs it. `Ok(true)`: the connection may carry another.
     async fn handle(&mut self, snap: &Snapshot, head: RequestHead) -> Result<bool, Error> {
-        if self.w.log.is_none() {
-            return self.serve(snap, &head, &mut UpRec::default()).await;
-        }
         let start = Instant::now();
         self.sent = Sent::default();
-        self.tries.clear();
+        let logging = self.w.log.is_some();
+        if logging {
+            self.tries.clear();
+        }
         let mut up = UpRec::default();
-        let r = self.serve(snap, &head, &mut up).await;
-        self.log(&head, &up, &r, start);
+        let r = self.serve(snap, &head, &mut up, start).await;
+        let elapsed = start.elapsed();
+        let status = self.final_status(&r);
+        self.count(&head, &up, status, elapsed);
+        if logging {
+            self.log(&head, &up, status, elapsed);
+        }
         r
     }
 
-    /// The access log line of a request that was read whole (whatever became of it).
-    fn log(&self, head: &RequestHead, up: &UpRec<'_>, r: &Result<bool, Error>, start: Instant) {
-        let Some(log) = &self.w.log else { return };
-        let mut status = self.sent.status;
-        if status == 0 {
-            // Nothing was answered: nginx logs 499 for a client that went away, 408 for one that stalled.
-            status = match r {
-                Err(e) if e.kind == Kind::ClientTimeout => 408,
-                Err(e) if e.side == Side::Downstream => 499,
-                _ => 502,
-            };
+    /// The status the client got; when nothing was answered, nginx's: 499 for a client that went away, 408 for one
+    /// that stalled, else 502.
+    fn final_status(&self, r: &Result<bool, Error>) -> u16 {
+        match (self.sent.status, r) {
+            (0, Err(e)) if e.kind == Kind::ClientTimeout => 408,
+            (0, Err(e)) if e.side == Side::Downstream => 499,
+            (0, _) => 502,
+            (s, _) => s,
         }
+    }
+
+    /// Adds the request to this worker's live counters: one table probe for the route, one for the node.
+    #[inline]
+    fn count(&self, head: &RequestHead, up: &UpRec<'_>, status: u16, latency: std::time::Duration) {
+        let route = up.matched.map(|r| (&r.id, r.service.as_ref()));
+        let node = match up.route {
+            Some(r) if up.attempted => r.upstream.nodes.get(up.node).map(|n| &n.stats_key),
+            _ => None,
+        };
+        self.w.stats.borrow_mut().record(
+            route,
+            node,
+            &sluice_stats::Record {
+                status,
+                bytes_in: head.buf.len() as u64 + up.body_in,
+                bytes_out: self.sent.bytes,
+                latency,
+                upstream: up.upstream,
+            },
+        );
+    }
+
+    /// The access log line of a request that was read whole (whatever became of it).
+    fn log(&self, head: &RequestHead, up: &UpRec<'_>, status: u16, elapsed: std::time::Duration) {
+        let Some(log) = &self.w.log else { return };
         let upstream = up.route.map(|route| {
             let u = &route.upstream;
             let node = &u.nodes[up.node.min(u.nodes.len().saturating_sub(1))];
@@ -394,20 +430,32 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             bytes_sent: self.sent.bytes,
             body_bytes_sent: self.sent.body,
             request_length: head.buf.len() as u64,
-            request_time: start.elapsed(),
+            request_time: elapsed,
             tries: &self.tries,
             upstream,
         });
     }
 
-    /// The access log line of a request whose head could not be read (nginx logs these too: 400, 408, 414, 431).
+    /// The access log line of a request whose head could not be read (nginx logs these too: 400, 408, 414, 431),
+    /// and its count in the live totals.
     fn log_unread(&self, e: &Error) {
-        let Some(log) = &self.w.log else { return };
         let status = match (self.sent.status, e.kind) {
             (0, Kind::ClientTimeout) => 408,
             (0, _) => 400,
             (s, _) => s,
         };
+        self.w.stats.borrow_mut().record(
+            None,
+            None,
+            &sluice_stats::Record {
+                status,
+                bytes_in: self.rbuf.len() as u64,
+                bytes_out: self.sent.bytes,
+                latency: std::time::Duration::ZERO,
+                upstream: None,
+            },
+        );
+        let Some(log) = &self.w.log else { return };
         log.log(&Line {
             peer: self.peer,
             client_ip: &self.client_ip,
@@ -430,6 +478,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         snap: &'s Snapshot,
         head: &RequestHead,
         rec: &mut UpRec<'s>,
+        req_start: Instant,
     ) -> Result<bool, Error> {
         let client_ip = self.client_ip.clone();
         // Routing, vars and plugins see nginx's `$uri`; a path that has none (bad escape, `..` above the root) is
@@ -466,6 +515,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 .await;
         };
         let route = &snap.routes[idx as usize];
+        rec.matched = Some(route);
         let max_body = self.w.shared.cfg.max_body;
         if let BodyKind::Length(n) = head.body {
             if max_body != 0 && n > max_body {
@@ -500,7 +550,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         } else {
             None
         };
-        let req_start = Instant::now();
         if let Some(ctx) = pctx.as_mut() {
             if let Some(r) = self.request_phases(&chains, ctx).await? {
                 return self.respond_plugin(head, r, ctx, &chains, req_start).await;
@@ -562,8 +611,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             return self.unsupported(head, route, why).await;
         }
         let logging = self.w.log.is_some();
+        rec.route = Some(route);
         if logging {
-            rec.route = Some(route);
             if let Some(ctx) = pctx.as_ref() {
                 rec.host = ctx.edits.host.clone();
                 rec.uri = ctx.edits.uri.clone();
@@ -605,8 +654,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 .await;
             let spent = t0.elapsed();
             up.balancer.on_request_end(node_idx, spent, res.is_ok());
+            rec.node = node_idx;
+            rec.attempted = true;
             if logging {
-                rec.node = node_idx;
                 let status = match &res {
                     Ok(d) => pctx
                         .as_ref()
@@ -628,6 +678,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                         bytes: done.response_bytes,
                         body: done.body_bytes,
                     };
+                    rec.upstream = Some(done.upstream_latency);
+                    rec.body_in = done.request_body;
                     if let Some(ctx) = pctx.as_ref() {
                         let info = LogInfo {
                             status: done.status,
@@ -906,9 +958,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 }
             };
             up.balancer.on_request_end(node_idx, spent, r.is_ok());
+            rec.route = Some(route);
+            rec.node = node_idx;
+            rec.attempted = true;
+            if r.is_ok() {
+                rec.upstream = Some(spent);
+            }
             if logging {
-                rec.route = Some(route);
-                rec.node = node_idx;
                 let status = match &r {
                     Ok(resp) => resp.status,
                     Err(f) if f.timeout => 504,
@@ -1448,7 +1504,7 @@ fn idempotent(head: &RequestHead) -> bool {
 }
 
 /// The chash key. As APISIX, a missing value (no such header, no consumer) falls back to the client address.
-fn hash_key<'a>(
+pub(crate) fn hash_key<'a>(
     up: &UpstreamRt,
     view: &'a ReqView<'_>,
     consumer: Option<&'a str>,
