@@ -87,6 +87,9 @@ struct UpRec<'s> {
     upstream: Option<std::time::Duration>,
     /// Request body bytes forwarded.
     body_in: u64,
+    /// When the last upstream attempt ended (the response written): spares the request's own end-of-request
+    /// clock read.
+    end: Option<Instant>,
 }
 
 /// How far one attempt got before it failed: decides whether another node may be tried.
@@ -354,7 +357,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
         let mut up = UpRec::default();
         let r = self.serve(snap, &head, &mut up, start).await;
-        let elapsed = start.elapsed();
+        let elapsed = match up.end {
+            Some(end) => end.saturating_duration_since(start),
+            None => start.elapsed(),
+        };
         let status = self.final_status(&r);
         self.count(&head, &up, status, elapsed);
         if logging {
@@ -382,17 +388,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             Some(r) if up.attempted => r.upstream.nodes.get(up.node).map(|n| &n.stats_key),
             _ => None,
         };
-        self.w.stats.borrow_mut().record(
-            route,
-            node,
-            &sluice_stats::Record {
-                status,
-                bytes_in: head.buf.len() as u64 + up.body_in,
-                bytes_out: self.sent.bytes,
-                latency,
-                upstream: up.upstream,
-            },
-        );
+        let r = sluice_stats::Record {
+            status,
+            bytes_in: head.buf.len() as u64 + up.body_in,
+            bytes_out: self.sent.bytes,
+            latency,
+            upstream: up.upstream,
+        };
+        self.w.stats.borrow_mut().record(route, node, &r);
     }
 
     /// The access log line of a request that was read whole (whatever became of it).
@@ -625,7 +628,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let retries = up
             .retries
             .unwrap_or(up.nodes.len().saturating_sub(1) as u32);
-        let started = Instant::now();
+        // Only an upstream with `retry_timeout` needs the clock here.
+        let started = up.retry_timeout.map(|_| Instant::now());
         let mut tried = Tried::new();
         let mut body_consumed = false;
         let mut stale_retry_used = false;
@@ -652,8 +656,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     &chains,
                 )
                 .await;
-            let spent = t0.elapsed();
-            up.balancer.on_request_end(node_idx, spent, res.is_ok());
+            // This clock read also ends the request for the live counters (`rec.end`).
+            let end = Instant::now();
+            let spent = end.saturating_duration_since(t0);
+            up.balancer
+                .on_request_end_at(node_idx, spent, res.is_ok(), end);
+            if res.is_ok() {
+                rec.end = Some(end);
+            }
             rec.node = node_idx;
             rec.attempted = true;
             if logging {
@@ -706,7 +716,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 tracing::warn!(route = %route.id, error = %f.err, "upstream attempt failed");
             }
             let replayable = !f.body_consumed;
-            let within_time = up.retry_timeout.is_none_or(|t| started.elapsed() < t);
+            let within_time = match (up.retry_timeout, started) {
+                (Some(t), Some(s)) => s.elapsed() < t,
+                _ => true,
+            };
             let retry = f.err.side == Side::Upstream
                 && replayable
                 && within_time

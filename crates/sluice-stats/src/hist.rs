@@ -58,19 +58,26 @@ pub fn bounds(i: usize) -> (u64, u64) {
     ((SUB + sub) << shift, (SUB + sub + 1) << shift)
 }
 
-/// Whole microseconds, without the u128 arithmetic of `Duration::as_micros`.
+/// Whole microseconds, without the u128 arithmetic of `Duration::as_micros` (wraps only past 584,000 years).
 #[inline]
 pub fn micros(d: Duration) -> u64 {
     d.as_secs()
-        .saturating_mul(1_000_000)
-        .saturating_add(u64::from(d.subsec_micros()))
+        .wrapping_mul(1_000_000)
+        .wrapping_add(u64::from(d.subsec_micros()))
 }
 
 impl Histogram {
     #[inline]
     pub fn record(&mut self, d: Duration) {
-        let c = &mut self.counts[bucket(micros(d))];
-        *c = c.saturating_add(1);
+        self.record_bucket(bucket(micros(d)));
+    }
+
+    /// Counts one value of bucket `i` (from [`bucket`]; a second holds far fewer than 2^32 of anything).
+    #[inline]
+    pub fn record_bucket(&mut self, i: usize) {
+        if let Some(c) = self.counts.get_mut(i) {
+            *c = c.wrapping_add(1);
+        }
     }
 
     pub fn merge(&mut self, other: &Histogram) {

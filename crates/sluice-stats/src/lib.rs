@@ -55,18 +55,47 @@ pub struct Counters {
     pub upstream: Histogram,
 }
 
-impl Counters {
+/// A [`Record`] reduced once to what each counter update needs: status class, histogram buckets.
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    class: usize,
+    bytes_in: u64,
+    bytes_out: u64,
+    latency: usize,
+    /// `usize::MAX`: the request reached no upstream.
+    upstream: usize,
+}
+
+impl Point {
     #[inline]
-    pub fn add(&mut self, r: &Record) {
-        self.req += 1;
-        let class = usize::from(r.status / 100).clamp(1, 5) - 1;
-        self.class[class] += 1;
-        self.bytes_in += r.bytes_in;
-        self.bytes_out += r.bytes_out;
-        self.latency.record(r.latency);
-        if let Some(u) = r.upstream {
-            self.upstream.record(u);
+    fn of(r: &Record) -> Point {
+        Point {
+            class: usize::from(r.status / 100).clamp(1, 5) - 1,
+            bytes_in: r.bytes_in,
+            bytes_out: r.bytes_out,
+            latency: hist::bucket(hist::micros(r.latency)),
+            upstream: r
+                .upstream
+                .map_or(usize::MAX, |u| hist::bucket(hist::micros(u))),
         }
+    }
+}
+
+impl Counters {
+    pub fn add(&mut self, r: &Record) {
+        self.add_point(&Point::of(r));
+    }
+
+    #[inline]
+    fn add_point(&mut self, p: &Point) {
+        self.req = self.req.wrapping_add(1);
+        if let Some(c) = self.class.get_mut(p.class) {
+            *c = c.wrapping_add(1);
+        }
+        self.bytes_in = self.bytes_in.wrapping_add(p.bytes_in);
+        self.bytes_out = self.bytes_out.wrapping_add(p.bytes_out);
+        self.latency.record_bucket(p.latency);
+        self.upstream.record_bucket(p.upstream);
     }
 
     pub fn merge(&mut self, o: &Counters) {
@@ -211,6 +240,7 @@ impl Local {
         r: &Record,
     ) {
         self.dirty = true;
+        let p = Point::of(r);
         let counted = match route {
             Some((id, service)) => match self.routes.get(key_of(id), || RouteEntry {
                 id: id.clone(),
@@ -218,7 +248,7 @@ impl Local {
                 counters: Counters::default(),
             }) {
                 Some(e) => {
-                    e.counters.add(r);
+                    e.counters.add_point(&p);
                     true
                 }
                 None => false,
@@ -226,14 +256,14 @@ impl Local {
             None => false,
         };
         if !counted {
-            self.other.add(r);
+            self.other.add_point(&p);
         }
         if let Some(n) = node {
             if let Some(e) = self.nodes.get(key_of(n), || NodeEntry {
                 addr: n.clone(),
                 counters: Counters::default(),
             }) {
-                e.counters.add(r);
+                e.counters.add_point(&p);
             }
         }
     }
