@@ -172,7 +172,7 @@ impl<E> Default for Table<E> {
 
 impl<E> Table<E> {
     /// The entry of `key`, made by `make` on first use; `None` once the table holds [`LOCAL_CAP`] keys.
-    #[inline]
+    #[inline(always)]
     fn get(&mut self, key: usize, make: impl FnOnce() -> E) -> Option<&mut E> {
         let i = if self.last.0 == key {
             self.last.1
@@ -232,7 +232,8 @@ pub struct Local {
 
 impl Local {
     /// A request served by the route `id` (of service `service`), through `node` when it reached an upstream.
-    #[inline]
+    /// Inlined into the proxy's one call site: the call itself cost a fifth of it.
+    #[inline(always)]
     pub fn record(
         &mut self,
         route: Option<(&Arc<str>, Option<&Arc<str>>)>,
