@@ -502,6 +502,14 @@ mod tests {
     }
 
     #[test]
+    fn sizes_behind_the_documented_memory_figures() {
+        // docs/admin-api.md: 72 bytes per key per second in the ring, ~0.95 KB per counted route or node.
+        assert_eq!(std::mem::size_of::<(Arc<str>, Stat)>(), 72);
+        assert!(std::mem::size_of::<RouteEntry>() <= 960);
+        assert!(std::mem::size_of::<NodeEntry>() <= 960);
+    }
+
+    #[test]
     fn caps_hold() {
         let mut w = Local::default();
         let ids: Vec<Arc<str>> = (0..LOCAL_CAP + 10)
