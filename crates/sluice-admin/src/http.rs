@@ -17,7 +17,10 @@ use tokio::net::TcpListener;
 
 use crate::config::Role;
 use crate::handlers::{self, Req};
-use crate::{history, resources, AdminState, Reply};
+use crate::{dataplane, history, resources, AdminState, Reply};
+
+/// An answer's body: whole (every answer but one), or the `/stats/stream` event stream.
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
 /// APISIX's MAX_REQ_BODY: 1.5 MiB.
 const MAX_BODY: usize = 1536 * 1024;
@@ -47,6 +50,51 @@ pub async fn serve(listener: TcpListener, state: AdminState) {
             }
         });
     }
+}
+
+/// `GET /apisix/admin/stats/stream`: server-sent events, one `data:` line per closed second, until the client
+/// goes. Same `allow_admin` and key checks as every read; bounded by [`dataplane::MAX_STREAMS`].
+fn stream(state: &AdminState, peer: SocketAddr, req: &Request<Incoming>) -> Response<Body> {
+    if !state.config.allowed(peer.ip()) {
+        return boxed(respond(
+            state,
+            Reply::json(403, Value::String("403 Forbidden".into())),
+        ));
+    }
+    let query = parse_query(req.uri().query().unwrap_or(""));
+    if let Err(why) = check_token(state, true, token(req, &query)) {
+        tracing::warn!(%peer, why, "admin: failed to check token");
+        return boxed(respond(
+            state,
+            Reply::json(
+                401,
+                json!({"error_msg": "failed to check token", "description": why}),
+            ),
+        ));
+    }
+    let body = match dataplane::open_stream(state) {
+        Ok(b) => b,
+        Err(reply) => return boxed(respond(state, reply)),
+    };
+    let mut b = Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .header("x-api-version", "v3")
+        .header("server", crate::server_header());
+    if state.config.cors {
+        b = b
+            .header("access-control-allow-origin", "*")
+            .header("access-control-allow-credentials", "true")
+            .header("access-control-expose-headers", "*")
+            .header("access-control-max-age", "3600");
+    }
+    b.body(BodyExt::boxed(body))
+        .unwrap_or_else(|_| boxed(Response::new(Full::new(Bytes::new()))))
+}
+
+fn boxed(r: Response<Full<Bytes>>) -> Response<Body> {
+    r.map(BodyExt::boxed)
 }
 
 fn respond(state: &AdminState, reply: Reply) -> Response<Full<Bytes>> {
@@ -145,11 +193,8 @@ fn token<'a>(req: &'a Request<Incoming>, query: &'a [(String, String)]) -> Optio
 }
 
 /// APISIX's check_token: no configured key means no authentication (and full access). Returns the key's role.
-fn check_token(
-    state: &AdminState,
-    method: &str,
-    tok: Option<String>,
-) -> Result<Role, &'static str> {
+/// `read`: a request a viewer may make (GET, and Sluice's read-only `POST /match`).
+fn check_token(state: &AdminState, read: bool, tok: Option<String>) -> Result<Role, &'static str> {
     let cfg = &state.config;
     if !cfg.key_required || cfg.keys.is_empty() {
         return Ok(Role::Admin);
@@ -160,13 +205,20 @@ fn check_token(
         .iter()
         .find(|k| !k.key.is_empty() && k.key == tok)
         .ok_or("wrong apikey")?;
-    if key.role == Role::Viewer && method != "GET" {
+    if key.role == Role::Viewer && !read {
         return Err("invalid method for role viewer");
     }
     Ok(key.role)
 }
 
-async fn handle(
+async fn handle(state: &AdminState, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+    if req.method() == hyper::Method::GET && req.uri().path() == "/apisix/admin/stats/stream" {
+        return stream(state, peer, &req);
+    }
+    boxed(handle_whole(state, peer, req).await)
+}
+
+async fn handle_whole(
     state: &AdminState,
     peer: SocketAddr,
     req: Request<Incoming>,
@@ -197,7 +249,8 @@ async fn handle(
     if method == "HEAD" && rest.trim_matches('/').is_empty() {
         return respond(state, Reply::json(200, Value::Null));
     }
-    let role = match check_token(state, &method, token(&req, &query)) {
+    let read = method == "GET" || (method == "POST" && rest.trim_end_matches('/') == "/match");
+    let role = match check_token(state, read, token(&req, &query)) {
         Ok(role) => role,
         Err(why) => {
             tracing::warn!(%peer, why, "admin: failed to check token");
@@ -269,6 +322,9 @@ async fn handle(
 pub(crate) async fn dispatch(state: &AdminState, req: &Req) -> Reply {
     let segs: Vec<&str> = req.segs.iter().map(String::as_str).collect();
     let get = req.method == "GET";
+    if let Some(reply) = dataplane::handle(state, req) {
+        return reply;
+    }
     match segs.as_slice() {
         ["plugins", "list"] if get => Reply::json(200, json!(state.plugins.names())),
         ["plugins", name] | ["schema", "plugins", name] if get => {

@@ -5,9 +5,12 @@
 //! store's watch channel.
 //!
 //! Layout: `config` (node settings), `http` (hyper glue, auth), `handlers` (generic verbs), `resources`
-//! (declared resources), `patch` (PATCH semantics), `history` (revisions, diff, rollback, status), `ui` (the dashboard's embedded files at `/ui/`).
+//! (declared resources), `patch` (PATCH semantics), `history` (revisions, diff, rollback, status), `dataplane`
+//! (live stats, request tester, effective chains: Sluice's own endpoints over the running data plane), `ui` (the
+//! dashboard's embedded files at `/ui/`).
 
 mod config;
+mod dataplane;
 mod handlers;
 mod history;
 mod http;
@@ -22,6 +25,9 @@ use sluice_model::Resources;
 use sluice_store::kv::Store;
 
 pub use config::{AdminConfig, AdminKey, Role, SAMPLE_KEYS};
+pub use dataplane::{
+    DataPlane, EffectiveError, MatchQuery, Matched, PluginRun, StatsFeed, MAX_SECONDS, MAX_STREAMS,
+};
 pub use http::serve;
 pub use ui::{BUILT as UI_BUILT, CSP as UI_CSP};
 
@@ -71,6 +77,10 @@ pub struct AdminState {
     pub applied: tokio::sync::watch::Receiver<u64>,
     /// Serialises validate-then-commit so two writes never validate against the same old state.
     write_lock: Arc<tokio::sync::Mutex<()>>,
+    /// The running data plane, for Sluice's stats, match and effective-chain endpoints (`None`: they answer 503).
+    pub data_plane: Option<Arc<dyn DataPlane>>,
+    /// Bounds concurrent `/stats/stream` answers.
+    streams: Arc<tokio::sync::Semaphore>,
 }
 
 impl AdminState {
@@ -88,7 +98,15 @@ impl AdminState {
             plugins,
             applied,
             write_lock: Arc::new(tokio::sync::Mutex::new(())),
+            data_plane: None,
+            streams: dataplane::stream_slots(),
         }
+    }
+
+    /// Serves the data-plane endpoints (`/stats`, `/match`, ...) from `dp`.
+    pub fn with_data_plane(mut self, dp: Arc<dyn DataPlane>) -> AdminState {
+        self.data_plane = Some(dp);
+        self
     }
 }
 

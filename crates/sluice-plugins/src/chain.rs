@@ -208,6 +208,16 @@ pub struct Chain {
     pub(crate) capture: Option<crate::filters::Capture>,
 }
 
+/// One plugin in run order ([`Chain::run_order`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PluginOrder {
+    pub name: &'static str,
+    /// `_meta.priority` when set, else the plugin's own.
+    pub priority: i32,
+    /// From the consumer's chain (its own or its group's plugins).
+    pub consumer: bool,
+}
+
 static CHAIN_IDS: AtomicU64 = AtomicU64::new(1);
 
 impl Chain {
@@ -325,6 +335,32 @@ impl Chain {
 
     fn has(&self, name: &str) -> bool {
         self.slots.iter().any(|s| s.name == name)
+    }
+
+    /// Whether an auth plugin is in this chain (a consumer it identifies joins this chain's run).
+    pub fn has_auth(&self) -> bool {
+        self.slots
+            .iter()
+            .any(|s| registry::find(s.name).is_some_and(|e| e.auth))
+    }
+
+    /// The plugins of `chain` merged with `consumer`'s, in the order a request's access phase walks them (the
+    /// walk `run_request` does: a consumer plugin replaces the chain's of the same name), for the Admin API's
+    /// effective-chain view. `_meta.disable`d plugins are not in a chain, so not here either.
+    pub fn run_order(chain: Option<&Chain>, consumer: Option<&Chain>) -> Vec<PluginOrder> {
+        let route = chain.map_or(&[][..], |c| &c.slots[..]);
+        let mut out = Vec::with_capacity(route.len());
+        merged(route, consumer, |s| {
+            let from_consumer =
+                consumer.is_some_and(|c| c.slots.as_ptr_range().contains(&(s as *const Slot)));
+            out.push(PluginOrder {
+                name: s.name,
+                priority: s.priority,
+                consumer: from_consumer,
+            });
+            true
+        });
+        out
     }
 
     /// Runs rewrite, then access, then before_proxy over all plugins, stopping at the first response. A hook that

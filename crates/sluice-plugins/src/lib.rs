@@ -56,7 +56,7 @@ mod response_rewrite;
 mod traffic_split;
 mod ua_restriction;
 
-pub use chain::{Chain, CompileEnv, Shared};
+pub use chain::{Chain, CompileEnv, PluginOrder, Shared};
 pub use ctx::{Ctx, Edits, LogInfo, RespEdits, RouteMeta};
 pub use ctx_view::ReqView;
 pub use effect::{CallFailure, CallTimeouts, Effect, Resume, UpstreamCall};

@@ -95,6 +95,17 @@ struct UpRec<'s> {
     node: usize,
     host: Option<bytes::Bytes>,
     uri: Option<bytes::Bytes>,
+    /// The route the router picked (the live counters count plugins' answers too).
+    matched: Option<&'s CompiledRoute>,
+    /// An upstream attempt was made: `route` and `node` name where it went.
+    attempted: bool,
+    /// The upstream's time of the attempt that answered.
+    upstream: Option<std::time::Duration>,
+    /// Request body bytes forwarded.
+    body_in: u64,
+    /// When the last upstream attempt ended (the response written): spares the request's own end-of-request
+    /// clock read.
+    end: Option<Instant>,
 }
 
 /// How far one attempt got before it failed: decides whether another node may be tried.
@@ -364,32 +375,60 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
     }
 
-    /// Serves one request and logs it. `Ok(true)`: the connection may carry another.
+    /// Serves one request, counts it (`sluice-stats`) and logs it. `Ok(true)`: the connection may carry another.
     async fn handle(&mut self, snap: &Snapshot, head: RequestHead) -> Result<bool, Error> {
-        if self.w.log.is_none() {
-            return self.serve(snap, &head, &mut UpRec::default()).await;
-        }
         let start = Instant::now();
         self.sent = Sent::default();
-        self.tries.clear();
+        let logging = self.w.log.is_some();
+        if logging {
+            self.tries.clear();
+        }
         let mut up = UpRec::default();
-        let r = self.serve(snap, &head, &mut up).await;
-        self.log(&head, &up, &r, start);
+        let r = self.serve(snap, &head, &mut up, start).await;
+        let elapsed = match up.end {
+            Some(end) => end.saturating_duration_since(start),
+            None => start.elapsed(),
+        };
+        let status = self.final_status(&r);
+        self.count(&head, &up, status, elapsed);
+        if logging {
+            self.log(&head, &up, status, elapsed);
+        }
         r
     }
 
-    /// The access log line of a request that was read whole (whatever became of it).
-    fn log(&self, head: &RequestHead, up: &UpRec<'_>, r: &Result<bool, Error>, start: Instant) {
-        let Some(log) = &self.w.log else { return };
-        let mut status = self.sent.status;
-        if status == 0 {
-            // Nothing was answered: nginx logs 499 for a client that went away, 408 for one that stalled.
-            status = match r {
-                Err(e) if e.kind == Kind::ClientTimeout => 408,
-                Err(e) if e.side == Side::Downstream => 499,
-                _ => 502,
-            };
+    /// The status the client got; when nothing was answered, nginx's: 499 for a client that went away, 408 for one
+    /// that stalled, else 502.
+    fn final_status(&self, r: &Result<bool, Error>) -> u16 {
+        match (self.sent.status, r) {
+            (0, Err(e)) if e.kind == Kind::ClientTimeout => 408,
+            (0, Err(e)) if e.side == Side::Downstream => 499,
+            (0, _) => 502,
+            (s, _) => s,
         }
+    }
+
+    /// Adds the request to this worker's live counters: one table probe for the route, one for the node.
+    #[inline]
+    fn count(&self, head: &RequestHead, up: &UpRec<'_>, status: u16, latency: std::time::Duration) {
+        let route = up.matched.map(|r| (&r.id, r.service.as_ref()));
+        let node = match up.route {
+            Some(r) if up.attempted => r.upstream.nodes.get(up.node).map(|n| &n.stats_key),
+            _ => None,
+        };
+        let r = sluice_stats::Record {
+            status,
+            bytes_in: head.buf.len() as u64 + up.body_in,
+            bytes_out: self.sent.bytes,
+            latency,
+            upstream: up.upstream,
+        };
+        self.w.stats.borrow_mut().record(route, node, &r);
+    }
+
+    /// The access log line of a request that was read whole (whatever became of it).
+    fn log(&self, head: &RequestHead, up: &UpRec<'_>, status: u16, elapsed: std::time::Duration) {
+        let Some(log) = &self.w.log else { return };
         let upstream = up.route.map(|route| {
             let u = &route.upstream;
             let node = &u.nodes[up.node.min(u.nodes.len().saturating_sub(1))];
@@ -422,20 +461,32 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             bytes_sent: self.sent.bytes,
             body_bytes_sent: self.sent.body,
             request_length: head.buf.len() as u64,
-            request_time: start.elapsed(),
+            request_time: elapsed,
             tries: &self.tries,
             upstream,
         });
     }
 
-    /// The access log line of a request whose head could not be read (nginx logs these too: 400, 408, 414, 431).
+    /// The access log line of a request whose head could not be read (nginx logs these too: 400, 408, 414, 431),
+    /// and its count in the live totals.
     fn log_unread(&self, e: &Error) {
-        let Some(log) = &self.w.log else { return };
         let status = match (self.sent.status, e.kind) {
             (0, Kind::ClientTimeout) => 408,
             (0, _) => 400,
             (s, _) => s,
         };
+        self.w.stats.borrow_mut().record(
+            None,
+            None,
+            &sluice_stats::Record {
+                status,
+                bytes_in: self.rbuf.len() as u64,
+                bytes_out: self.sent.bytes,
+                latency: std::time::Duration::ZERO,
+                upstream: None,
+            },
+        );
+        let Some(log) = &self.w.log else { return };
         log.log(&Line {
             peer: self.peer,
             client_ip: &self.client_ip,
@@ -458,6 +509,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         snap: &'s Snapshot,
         head: &RequestHead,
         rec: &mut UpRec<'s>,
+        req_start: Instant,
     ) -> Result<bool, Error> {
         let client_ip = self.client_ip.clone();
         // Routing, vars and plugins see nginx's `$uri`; a path that has none (bad escape, `..` above the root) is
@@ -494,6 +546,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 .await;
         };
         let route = &snap.routes[idx as usize];
+        rec.matched = Some(route);
         if let Some(status) = route.dangling {
             // Its service or plugin config is gone: APISIX answers before any plugin, global rules included.
             tracing::error!(route = %route.id, status, "route names a deleted service or plugin config");
@@ -538,7 +591,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         } else {
             None
         };
-        let req_start = Instant::now();
         if let Some(ctx) = pctx.as_mut() {
             if let Some(r) = self.request_phases(&chains, ctx).await? {
                 return self.respond_plugin(head, r, ctx, &chains, req_start).await;
@@ -604,8 +656,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 .await;
         }
         let logging = self.w.log.is_some();
+        rec.route = Some(route);
         if logging {
-            rec.route = Some(route);
             if let Some(ctx) = pctx.as_ref() {
                 rec.host = ctx.edits.host.clone();
                 rec.uri = ctx.edits.uri.clone();
@@ -618,7 +670,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let retries = up
             .retries
             .unwrap_or(up.nodes.len().saturating_sub(1) as u32);
-        let started = Instant::now();
+        // Only an upstream with `retry_timeout` needs the clock here.
+        let started = up.retry_timeout.map(|_| Instant::now());
         let mut tried = Tried::new();
         let mut body_consumed = false;
         let mut stale_retry_used = false;
@@ -645,10 +698,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     &chains,
                 )
                 .await;
-            let spent = t0.elapsed();
-            up.balancer.on_request_end(node_idx, spent, res.is_ok());
+            // This clock read also ends the request for the live counters (`rec.end`).
+            let end = Instant::now();
+            let spent = end.saturating_duration_since(t0);
+            up.balancer
+                .on_request_end_at(node_idx, spent, res.is_ok(), end);
+            if res.is_ok() {
+                rec.end = Some(end);
+            }
+            rec.node = node_idx;
+            rec.attempted = true;
             if logging {
-                rec.node = node_idx;
                 let status = match &res {
                     Ok(d) => pctx
                         .as_ref()
@@ -670,6 +730,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                         bytes: done.response_bytes,
                         body: done.body_bytes,
                     };
+                    rec.upstream = Some(done.upstream_latency);
+                    rec.body_in = done.request_body;
                     if let Some(ctx) = pctx.as_ref() {
                         let info = LogInfo {
                             status: done.status,
@@ -696,7 +758,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 tracing::warn!(route = %route.id, error = %f.err, "upstream attempt failed");
             }
             let replayable = !f.body_consumed;
-            let within_time = up.retry_timeout.is_none_or(|t| started.elapsed() < t);
+            let within_time = match (up.retry_timeout, started) {
+                (Some(t), Some(s)) => s.elapsed() < t,
+                _ => true,
+            };
             let retry = f.err.side == Side::Upstream
                 && replayable
                 && within_time
@@ -948,9 +1013,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 }
             };
             up.balancer.on_request_end(node_idx, spent, r.is_ok());
+            rec.route = Some(route);
+            rec.node = node_idx;
+            rec.attempted = true;
+            if r.is_ok() {
+                rec.upstream = Some(spent);
+            }
             if logging {
-                rec.route = Some(route);
-                rec.node = node_idx;
                 let status = match &r {
                     Ok(resp) => resp.status,
                     Err(f) if f.timeout => 504,
@@ -1513,7 +1582,7 @@ fn idempotent(head: &RequestHead) -> bool {
 }
 
 /// The chash key. As APISIX, a missing value (no such header, no consumer) falls back to the client address.
-fn hash_key<'a>(
+pub(crate) fn hash_key<'a>(
     up: &UpstreamRt,
     view: &'a ReqView<'_>,
     consumer: Option<&'a str>,

@@ -91,6 +91,9 @@ pub(crate) struct Shared {
     connections: AtomicUsize,
     upstream_connects: AtomicU64,
     accepted: AtomicU64,
+    /// Live counters: workers hand their seconds over here, `Gateway::run_stats` closes them.
+    pub stats: sluice_stats::Hub,
+    stats_tx: tokio::sync::broadcast::Sender<Arc<sluice_stats::Sample>>,
 }
 
 impl Shared {
@@ -109,6 +112,8 @@ pub(crate) struct Worker {
     pub slots: Slots,
     /// This worker's access log buffer.
     pub log: Option<crate::access_log::Local>,
+    /// This worker's live counters for the current second (its own: no lock).
+    pub stats: std::cell::RefCell<sluice_stats::Local>,
 }
 
 /// The data plane: publish snapshots into it, start it on bound listeners, shut it down gracefully.
@@ -219,6 +224,8 @@ impl Gateway {
                 connections: AtomicUsize::new(0),
                 upstream_connects: AtomicU64::new(0),
                 accepted: AtomicU64::new(0),
+                stats: sluice_stats::Hub::default(),
+                stats_tx: tokio::sync::broadcast::channel(16).0,
             }),
         }
     }
@@ -290,6 +297,51 @@ impl Gateway {
         out
     }
 
+    /// Closes one second of live counters at a time (0.3 s after each wall-clock second, once the workers have
+    /// handed theirs over), keeps it in the ring and sends it to [`Gateway::stats_subscribe`]rs. Spawn it on a
+    /// runtime that is not a worker's.
+    pub fn run_stats(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let shared = self.shared.clone();
+        async move {
+            loop {
+                tokio::time::sleep(until_next_second(Duration::from_millis(300))).await;
+                let t = unix_now().as_secs().saturating_sub(1);
+                let sample = shared.stats.close_second(t);
+                let _ = shared.stats_tx.send(sample);
+            }
+        }
+    }
+
+    /// The last `seconds` closed seconds of live counters, oldest first.
+    pub fn stats_series(&self, seconds: usize) -> Vec<Arc<sluice_stats::Sample>> {
+        self.shared.stats.series(seconds)
+    }
+
+    /// Every second closed from now on.
+    pub fn stats_subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<sluice_stats::Sample>> {
+        self.shared.stats_tx.subscribe()
+    }
+
+    /// What the serving snapshot would do with a request (see [`crate::MatchInput`]).
+    pub fn match_request(
+        &self,
+        q: &crate::MatchInput<'_>,
+    ) -> Result<Option<crate::MatchOutcome>, crate::InspectError> {
+        self.shared
+            .snapshot
+            .load()
+            .match_request(q, self.shared.cfg.normalize_uri_like_servlet)
+    }
+
+    /// The plugins route `id` runs, in order, with `consumer`'s (`Ok(None)`: not served).
+    pub fn effective(
+        &self,
+        id: &str,
+        consumer: Option<&str>,
+    ) -> Result<Option<Vec<crate::ChainEntry>>, crate::InspectError> {
+        self.shared.snapshot.load().effective(id, consumer)
+    }
+
     /// Starts one worker thread per listener set.
     pub fn start(&self, listeners: Listeners) -> io::Result<Running> {
         let mut threads = Vec::new();
@@ -333,7 +385,21 @@ fn worker_main(shared: Arc<Shared>, listeners: Vec<(std::net::TcpListener, Liste
                 .access_log
                 .as_ref()
                 .map(crate::access_log::Local::new),
+            stats: Default::default(),
         });
+        {
+            // Hands this worker's second of counters over at each wall-clock second. Ends with the runtime.
+            let w = worker.clone();
+            tokio::task::spawn_local(async move {
+                loop {
+                    tokio::time::sleep(until_next_second(Duration::ZERO)).await;
+                    let batch = w.stats.borrow_mut().take();
+                    if let Some(b) = batch {
+                        w.shared.stats.submit(b);
+                    }
+                }
+            });
+        }
         if worker.log.is_some() {
             let w = worker.clone();
             // Lines of a quiet worker still reach the file within a second. The task ends with the runtime.
@@ -434,4 +500,16 @@ impl Drop for ConnGuard {
         w.slots.unregister();
         w.shared.connections.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+fn unix_now() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// How long until `offset` past the next wall-clock second.
+fn until_next_second(offset: Duration) -> Duration {
+    let sub = Duration::from_nanos(u64::from(unix_now().subsec_nanos()));
+    Duration::from_secs(1) - sub + offset
 }

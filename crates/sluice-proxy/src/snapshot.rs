@@ -39,10 +39,14 @@ pub struct Snapshot {
     reuse: reuse::Reuse,
     /// Upstreams plugins pick per request (traffic-split), by route index.
     pub(crate) splits: split::Splits,
+    /// The consumers as this compile's auth plugins see them (`None`: no auth plugin compiled them).
+    pub(crate) consumers: Option<Arc<sluice_plugins::consumers::Consumers>>,
 }
 
 pub(crate) struct CompiledRoute {
     pub id: Arc<str>,
+    /// The route's service id, for the live counters (`sluice-stats`).
+    pub service: Option<Arc<str>>,
     pub upstream: Arc<UpstreamRt>,
     pub timeouts: Timeouts,
     pub plugins: Option<Arc<Chain>>,
@@ -86,6 +90,8 @@ pub(crate) enum HashOn {
 
 pub(crate) struct NodeRt {
     pub addr: SocketAddr,
+    /// `host:port` as configured (port always shown): the node's key in the live counters.
+    pub stats_key: Arc<str>,
     /// `host[:port]` for `pass_host: node`, port omitted when it is the scheme's default.
     pub host_header: Box<[u8]>,
     pub sni: Option<rustls::pki_types::ServerName<'static>>,
@@ -170,11 +176,22 @@ impl Snapshot {
             tls: SniTable::default(),
             reuse: reuse::Reuse::default(),
             splits: split::Splits::default(),
+            consumers: None,
         }
     }
 
     pub fn route_count(&self) -> usize {
         self.routes.len()
+    }
+
+    /// Consumers, global rules and the rest of what chains were compiled against.
+    pub(crate) fn env(&self) -> &Resources {
+        self.reuse.env()
+    }
+
+    /// Where route `id`'s plugin `name` comes from: (`route` | `plugin_config` | `service`, that resource's id).
+    pub(crate) fn plugin_source(&self, id: &str, name: &str) -> (&'static str, String) {
+        self.reuse.source_of(id, name)
     }
 
     /// Every upstream runtime with its key (`u:<id>` or `r:<route id>`), for the health checker and status API.
@@ -325,6 +342,7 @@ impl Snapshot {
                 };
                 let compiled = CompiledRoute {
                     id: Arc::from(r.id.0.as_str()),
+                    service: r.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
                     upstream: missing_up
                         .get_or_insert_with(|| Arc::new(UpstreamRt::missing("")))
                         .clone(),
@@ -373,6 +391,7 @@ impl Snapshot {
             };
             let compiled = CompiledRoute {
                 id: Arc::from(r.id.0.as_str()),
+                service: r.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
                 upstream,
                 timeouts,
                 plugins,
@@ -398,6 +417,7 @@ impl Snapshot {
         let router = Router::build(Vec::new())
             .unwrap_or_else(|_| unreachable!("an empty router always builds"));
         let tls = SniTable::compile(&res.ssls)?;
+        let consumers = env.compiled.get().and_then(|c| c.as_ref().ok()).cloned();
         Ok(Prepared {
             specs,
             snap: Snapshot {
@@ -410,6 +430,7 @@ impl Snapshot {
                 tls,
                 reuse: cache.next,
                 splits,
+                consumers,
             },
         })
     }
@@ -520,8 +541,14 @@ fn compile_upstream(u: &Upstream, ssls: &tls::SslsById<'_>) -> Result<UpstreamRt
         } else {
             None
         };
+        let stats_key = if n.host.contains(':') {
+            format!("[{}]:{port}", n.host)
+        } else {
+            format!("{}:{port}", n.host)
+        };
         nodes.push(NodeRt {
             addr,
+            stats_key: stats_key.into(),
             host_header: host_header.clone().into_bytes().into(),
             sni,
         });

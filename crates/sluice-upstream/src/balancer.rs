@@ -253,6 +253,40 @@ impl Balancer {
         )
     }
 
+    /// The node a first attempt would get now, without taking it: round robin's cursor does not move (for the
+    /// Admin API's request tester). Other kinds pick as [`Balancer::pick`] does (they keep no cursor; ewma's
+    /// random choice between two may differ from the next real pick).
+    pub fn peek(&self, hash_key: Option<&[u8]>) -> Option<usize> {
+        let tried = Tried::new();
+        if self.nodes.len() == 1 {
+            return Some(0);
+        }
+        let healthy = Filter {
+            tried: &tried,
+            health: (self.health.unhealthy_count() > 0).then_some(&self.health),
+        };
+        let all = Filter {
+            tried: &tried,
+            health: None,
+        };
+        // As `pick`: the first group with a healthy node, else every node ("all unhealthy, use default").
+        for f in [&healthy, &all] {
+            for g in self.groups.iter() {
+                if !g.members.iter().any(|&i| f.allows(i as usize)) {
+                    continue;
+                }
+                let got = match &g.algo {
+                    Algo::RoundRobin(seq) => seq.peek(f),
+                    _ => self.pick_in(g, chash::key_hash(hash_key.unwrap_or_default()), f),
+                };
+                if got.is_some() {
+                    return got;
+                }
+            }
+        }
+        None
+    }
+
     /// Call when a request is sent to node `i` (least_conn's active count).
     #[inline]
     pub fn on_request_start(&self, node: usize) {

@@ -5,6 +5,7 @@
 mod apply;
 mod catalog;
 mod control;
+mod dataplane;
 mod import;
 mod instance;
 mod logging;

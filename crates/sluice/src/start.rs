@@ -119,6 +119,8 @@ pub fn run(
         let applier = Applier::new(plugin_state.clone(), gateway.clone());
         // Active health checks (`checks.active`) probe from this runtime, never from a worker; they stop at shutdown.
         tokio::spawn(gateway.run_health_checks());
+        // Live traffic counters: one second closed at a time, for the Admin API's /stats.
+        tokio::spawn(gateway.run_stats());
 
         let mut side = Side {
             config: config.clone(),
@@ -368,7 +370,11 @@ impl Side {
             checker,
             Arc::new(RegistryCatalog),
             self.applied_rx.clone(),
-        );
+        )
+        .with_data_plane(Arc::new(crate::dataplane::GatewayPlane {
+            gateway: self.gateway.clone(),
+            config: self.rx.clone(),
+        }));
         self.admin = Some((
             addr,
             sock,

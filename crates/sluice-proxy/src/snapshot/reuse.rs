@@ -35,6 +35,7 @@ pub(super) struct CachedRoute {
     upstream_id: Option<String>,
     spec: RouteSpec<u32>,
     id: Arc<str>,
+    service_key: Option<Arc<str>>,
     upstream: Arc<UpstreamRt>,
     timeouts: Timeouts,
     plugins: Option<Arc<Chain>>,
@@ -85,6 +86,35 @@ fn same_env(a: &Resources, b: &Resources) -> bool {
         && a.plugin_metadata == b.plugin_metadata
         && a.protos == b.protos
         && a.secrets == b.secrets
+}
+
+impl Reuse {
+    /// The configuration chains were compiled against besides routes, services, upstreams and plugin configs.
+    pub(super) fn env(&self) -> &Resources {
+        &self.env
+    }
+
+    /// Where route `id`'s merged plugin `name` came from, as `merge_route_service` lets them override: the
+    /// route's own, else its plugin config's, else its service's.
+    pub(super) fn source_of(&self, id: &str, name: &str) -> (&'static str, String) {
+        let Some(c) = self.routes.get(id) else {
+            return ("route", id.to_owned());
+        };
+        if c.route.plugins.contains_key(name) {
+            return ("route", id.to_owned());
+        }
+        if let Some(pc) = c
+            .plugin_config
+            .as_ref()
+            .filter(|p| p.plugins.contains_key(name))
+        {
+            return ("plugin_config", pc.id.0.clone());
+        }
+        match c.service.as_ref().filter(|s| s.plugins.contains_key(name)) {
+            Some(s) => ("service", s.id.0.clone()),
+            None => ("route", id.to_owned()),
+        }
+    }
 }
 
 impl<'p> Builder<'p> {
@@ -172,6 +202,7 @@ impl<'p> Builder<'p> {
         spec.value = index;
         let compiled = CompiledRoute {
             id: c.id.clone(),
+            service: c.service_key.clone(),
             upstream: c.upstream.clone(),
             timeouts: c.timeouts,
             plugins: c.plugins.clone(),
@@ -198,6 +229,7 @@ impl<'p> Builder<'p> {
             upstream_id,
             spec: spec.clone(),
             id: compiled.id.clone(),
+            service_key: compiled.service.clone(),
             upstream: compiled.upstream.clone(),
             timeouts: compiled.timeouts,
             plugins: compiled.plugins.clone(),

@@ -85,6 +85,7 @@ pub(super) fn compile(
                 .unwrap_or_else(|| fallback.into());
             targets.push(CompiledRoute {
                 id: route.id.clone(),
+                service: route.service.clone(),
                 upstream,
                 timeouts,
                 plugins: route.plugins.clone(),

@@ -88,6 +88,20 @@ impl Sequence {
             .find(|&i| f.allows(i))
     }
 
+    /// The entry the next first attempt would take, without moving the cursor.
+    pub(super) fn peek(&self, f: &Filter<'_>) -> Option<usize> {
+        let len = self.seq.len();
+        if len == 0 {
+            return None;
+        }
+        let start = self.cursor.0.load(Ordering::Relaxed) % len;
+        let (tail, head) = self.seq.split_at(start);
+        head.iter()
+            .chain(tail)
+            .map(|&i| i as usize)
+            .find(|&i| f.allows(i))
+    }
+
     #[cfg(test)]
     pub(super) fn entries(&self) -> &[u32] {
         &self.seq

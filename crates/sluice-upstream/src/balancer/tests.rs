@@ -685,3 +685,28 @@ fn roundrobin_retry_keeps_the_weighted_rotation() {
     }
     assert_eq!(first_on_1, 100);
 }
+
+#[test]
+fn peek_names_the_next_pick_without_taking_it() {
+    let b = Balancer::new(LbKind::RoundRobin, nodes(&[3, 1, 2]));
+    for _ in 0..20 {
+        let next = b.peek(None).expect("a node");
+        assert_eq!(b.peek(None), Some(next), "peeking does not move the cursor");
+        assert_eq!(b.pick(None, &Tried::new()), Some(next));
+    }
+    // An unhealthy node is skipped as a pick skips it.
+    b.health().set_healthy(0, false);
+    for _ in 0..6 {
+        let next = b.peek(None).expect("a node");
+        assert_ne!(next, 0);
+        assert_eq!(b.pick(None, &Tried::new()), Some(next));
+    }
+    // chash: the same node as the pick for the key.
+    let c = Balancer::new(LbKind::Chash, nodes(&[1, 1, 1, 1]));
+    for k in ["a", "b", "c", "user-42"] {
+        assert_eq!(
+            c.peek(Some(k.as_bytes())),
+            c.pick(Some(k.as_bytes()), &Tried::new())
+        );
+    }
+}

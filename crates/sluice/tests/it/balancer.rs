@@ -211,3 +211,30 @@ async fn priority_failover() {
     })
     .await
 }
+
+/// `retry_timeout` (APISIX: no further attempt once this long has passed since the first): a first node that
+/// times out after 0.5 s is not followed by a retry under `retry_timeout: 0.2`, and is without it. The clock for
+/// it is read only on upstreams that set it (the live counters' cost work), so both sides are checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_timeout_stops_retries_after_it_passed() {
+    t(async {
+        let stalled = Origin::with_mode("S", Mode::Stall).await;
+        let live = Origin::start("L").await;
+        let upstream = |retry_timeout: Option<f64>| {
+            let mut u = json!({"type": "roundrobin", "timeout": {"connect": 1, "send": 1, "read": 0.5},
+                "nodes": [{"host": "127.0.0.1", "port": stalled.addr.port(), "weight": 1, "priority": 1},
+                          {"host": "127.0.0.1", "port": live.addr.port(), "weight": 1, "priority": 0}]});
+            if let Some(rt) = retry_timeout {
+                u["retry_timeout"] = json!(rt);
+            }
+            u
+        };
+        let gw = Gw::start(one_route("/*", upstream(None)));
+        let r = Client::connect(gw.addr).await.get("/x").await;
+        assert_eq!((r.status, r.origin()), (200, "L".to_owned()), "retried on the live node");
+        gw.publish(one_route("/*", upstream(Some(0.2))));
+        let r = Client::connect(gw.addr).await.get("/x").await;
+        assert_eq!(r.status, 504, "no retry once retry_timeout passed");
+    })
+    .await
+}

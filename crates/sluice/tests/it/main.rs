@@ -9,6 +9,7 @@ mod balancer;
 mod bodies;
 mod connection;
 mod control;
+mod dashboard;
 mod etcd_outage;
 mod logs;
 mod operations;

@@ -1,0 +1,106 @@
+//! The Admin API's view of the running data plane ([`sluice_admin::DataPlane`]): live counters, the control
+//! API's health view, the request tester and effective chains, all answered by the gateway itself.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde_json::Value;
+use sluice_admin::{DataPlane, EffectiveError, MatchQuery, Matched, PluginRun, StatsFeed};
+use sluice_proxy::{ChainEntry, Gateway, InspectError, MatchInput};
+use sluice_store::ConfigRx;
+
+pub struct GatewayPlane {
+    pub gateway: Gateway,
+    /// The provider's configuration, for the health view's resource list (as the control API reads it).
+    pub config: ConfigRx,
+}
+
+struct Feed(tokio::sync::broadcast::Receiver<Arc<sluice_stats::Sample>>);
+
+impl StatsFeed for Feed {
+    fn next(&mut self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
+        Box::pin(async move {
+            loop {
+                match self.0.recv().await {
+                    Ok(s) => return Some(s.to_json().to_string()),
+                    // A slow reader skips the seconds it missed; the series endpoint has them.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+    }
+}
+
+fn runs(list: Vec<ChainEntry>) -> Vec<PluginRun> {
+    list.into_iter()
+        .map(|c| PluginRun {
+            name: c.name.to_owned(),
+            priority: c.priority,
+            source: c.source,
+            source_id: c.source_id,
+        })
+        .collect()
+}
+
+impl DataPlane for GatewayPlane {
+    fn stats(&self, seconds: usize) -> Vec<Value> {
+        self.gateway
+            .stats_series(seconds)
+            .iter()
+            .map(|s| s.to_json())
+            .collect()
+    }
+
+    fn stats_feed(&self) -> Box<dyn StatsFeed> {
+        Box::new(Feed(self.gateway.stats_subscribe()))
+    }
+
+    fn healthcheck(&self) -> Value {
+        let res = self.config.borrow().clone();
+        crate::control::route(
+            "/v1/healthcheck",
+            &res.resources,
+            &self.gateway.node_health(),
+        )
+        .1
+    }
+
+    fn match_request(&self, q: &MatchQuery) -> Result<Option<Matched>, String> {
+        let input = MatchInput {
+            method: &q.method,
+            host: q.host.as_deref(),
+            uri: &q.uri,
+            headers: &q.headers,
+            remote: q.remote_addr,
+            consumer: q.consumer.as_deref(),
+        };
+        match self.gateway.match_request(&input) {
+            Ok(m) => Ok(m.map(|m| Matched {
+                route_id: m.route_id,
+                plugins: runs(m.plugins),
+                node: m.node,
+            })),
+            Err(InspectError::BadRequest(e) | InspectError::Internal(e)) => Err(e),
+            Err(InspectError::UnknownConsumer) => Err(format!(
+                "consumer {} not found",
+                q.consumer.as_deref().unwrap_or("")
+            )),
+        }
+    }
+
+    fn effective(
+        &self,
+        id: &str,
+        consumer: Option<&str>,
+    ) -> Result<Option<Vec<PluginRun>>, EffectiveError> {
+        match self.gateway.effective(id, consumer) {
+            Ok(list) => Ok(list.map(runs)),
+            Err(InspectError::UnknownConsumer) => Err(EffectiveError::UnknownConsumer),
+            Err(InspectError::BadRequest(e) | InspectError::Internal(e)) => {
+                Err(EffectiveError::Other(e))
+            }
+        }
+    }
+}
