@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{request, Gw};
+use super::{request, target_dir, Gw};
 
 struct Provider {
     addr: SocketAddr,
@@ -23,12 +23,6 @@ impl Drop for Provider {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
 }
 
 /// The provider binary, built once per target directory.

@@ -323,3 +323,10 @@ pub fn route(id: &str, uri: &str, origin: &Origin, plugins: Value) -> Value {
 pub fn consumer(name: &str, plugins: Value) -> Value {
     json!({"username": name, "plugins": plugins})
 }
+
+/// Where cargo builds: the test peers' binaries are cached there, keyed by their sources.
+fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+}
