@@ -55,6 +55,7 @@ mod request_validation;
 mod response_rewrite;
 mod traffic_split;
 mod ua_restriction;
+mod uri_blocker;
 
 pub use chain::{Chain, CompileEnv, PluginOrder, Shared};
 pub use ctx::{Ctx, Edits, LogInfo, RespEdits, RouteMeta};

@@ -339,3 +339,73 @@ fn request_validation_header_schema() {
     );
     // body_schema is covered by validation.rs.
 }
+
+/// APISIX t/plugin/uri-blocker.t: rules joined and searched in the URI with its query, 403 page or
+/// `{"error_msg"}`, case_insensitive; and, as an attacker would try, encoded spellings of a blocked path.
+#[test]
+fn uri_blocker_rules_messages_and_encoded_spellings() {
+    let o = Origin::start();
+    let prefix = |plugins| Gw::start(json!({"routes": [route("r1", "/hello*", &o, plugins)]}));
+    let gw =
+        prefix(json!({"uri-blocker": {"block_rules": ["^/hello/admin", "root\\.exe", "\\.\\./"]}}));
+    assert_eq!(gw.get("/hello", &[]).status, 200);
+    let seen = o.count();
+    let r = gw.get("/hello/admin", &[]);
+    assert_eq!(r.status, 403);
+    assert!(r.body.contains("403 Forbidden"), "{}", r.body);
+    assert_eq!(
+        gw.get("/hello?x=root.exe", &[]).status,
+        403,
+        "the query counts"
+    );
+    assert_eq!(
+        gw.get("/hello/ROOT.EXE", &[]).status,
+        200,
+        "case-sensitive by default"
+    );
+    for spelling in [
+        "/hello/%61dmin",
+        "/hello/./admin",
+        "/hello//admin",
+        "/hello/x/../admin",
+    ] {
+        assert_eq!(gw.get(spelling, &[]).status, 403, "{spelling}");
+    }
+    assert_eq!(
+        gw.get("/hello/a/../b", &[]).status,
+        403,
+        "a raw-form rule still matches"
+    );
+    assert_eq!(
+        o.count(),
+        seen + 1,
+        "only the one allowed request reached the upstream"
+    );
+    drop(gw);
+
+    let gw = prefix(
+        json!({"uri-blocker": {"block_rules": ["root.exe"], "case_insensitive": true,
+                               "rejected_code": 410, "rejected_msg": "access is not allowed"}}),
+    );
+    let r = gw.get("/hello/ROOT.exe", &[]);
+    assert_eq!(
+        (r.status, r.json()),
+        (410, json!({"error_msg": "access is not allowed"}))
+    );
+    drop(gw);
+
+    for bad in [
+        json!({}),
+        json!({"block_rules": ["a", "a"]}),
+        json!({"block_rules": [""]}),
+        json!({"block_rules": ["(unclosed"]}),
+        json!({"block_rules": ["a"], "rejected_code": 199}),
+        json!({"block_rules": ["a"], "rejected_code": 600}),
+    ] {
+        let r = route("r1", "/hello", &o, json!({"uri-blocker": bad}));
+        assert!(
+            Gw::try_start(json!({"routes": [r]})).is_err(),
+            "{bad} must be refused"
+        );
+    }
+}
