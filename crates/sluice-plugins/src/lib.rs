@@ -24,6 +24,7 @@ mod util;
 mod basic_auth;
 mod consumer_restriction;
 mod cors;
+mod csrf;
 mod dubbo_proxy;
 mod echo;
 mod fault_injection;

@@ -32,6 +32,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::ip_restriction::ENTRY,
     crate::ua_restriction::ENTRY,
     crate::referer_restriction::ENTRY,
+    crate::csrf::ENTRY,
     crate::uri_blocker::ENTRY,
     crate::request_validation::ENTRY,
     crate::hmac_auth::ENTRY,

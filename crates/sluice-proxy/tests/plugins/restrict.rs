@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::{consumer, route, Gw, Origin};
+use crate::{consumer, request, route, Gw, Origin};
 
 fn one(o: &Origin, plugins: serde_json::Value) -> Gw {
     Gw::start(json!({"routes": [route("r1", "/hello", o, plugins)]}))
@@ -408,4 +408,96 @@ fn uri_blocker_rules_messages_and_encoded_spellings() {
             "{bad} must be refused"
         );
     }
+}
+
+/// APISIX t/plugin/csrf.t: the cookie on every answer, GET passes, other methods need the same token in header and
+/// cookie, APISIX's 401 texts; and, as an attacker would try, a token signed by another key or with its life
+/// stretched.
+#[test]
+fn csrf_double_submit_tokens() {
+    let o = Origin::start();
+    let gw = one(
+        &o,
+        json!({"csrf": {"key": "userkey", "expires": 1000000000}}),
+    );
+    let r = gw.get("/hello", &[]);
+    assert_eq!(r.status, 200);
+    let set = r.header("set-cookie").expect("Set-Cookie").to_owned();
+    let (pair, attrs) = set.split_once(';').expect("attributes");
+    assert!(attrs.starts_with("path=/;Expires="), "{set}");
+    assert!(attrs.ends_with(" GMT"), "{set}");
+    let token = pair
+        .strip_prefix("apisix-csrf-token=")
+        .expect("name")
+        .to_owned();
+    let cookie = format!("apisix-csrf-token={token}");
+    let post = |headers: &[(&str, &str)]| request(gw.addr, "POST", "/hello", headers, "x");
+
+    let seen = o.count();
+    let cases: [(&[(&str, &str)], &str); 3] = [
+        (&[], "no csrf token in headers"),
+        (&[("apisix-csrf-token", &token)], "no csrf cookie"),
+        (
+            &[("apisix-csrf-token", "other"), ("Cookie", &cookie)],
+            "csrf token mismatch",
+        ),
+    ];
+    for (headers, msg) in cases {
+        let r = post(headers);
+        assert_eq!((r.status, r.json()), (401, json!({"error_msg": msg})));
+    }
+    let forged = {
+        let other = one(&o, json!({"csrf": {"key": "not-the-key"}}));
+        let set = other
+            .get("/hello", &[])
+            .header("set-cookie")
+            .unwrap()
+            .to_owned();
+        set.split(';')
+            .next()
+            .unwrap()
+            .trim_start_matches("apisix-csrf-token=")
+            .to_owned()
+    };
+    let forged_cookie = format!("apisix-csrf-token={forged}");
+    let r = post(&[("apisix-csrf-token", &forged), ("Cookie", &forged_cookie)]);
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            401,
+            json!({"error_msg": "Failed to verify the csrf token signature"})
+        )
+    );
+    assert_eq!(
+        o.count(),
+        seen + 1,
+        "only the other gateway's GET reached the upstream"
+    );
+
+    let r = post(&[("Apisix-Csrf-Token", &token), ("Cookie", &cookie)]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    drop(gw);
+
+    // A token past its end is refused even though its signature holds.
+    let gw = one(&o, json!({"csrf": {"key": "userkey", "expires": -1}}));
+    let set = gw
+        .get("/hello", &[])
+        .header("set-cookie")
+        .unwrap()
+        .to_owned();
+    let token = set
+        .split(';')
+        .next()
+        .unwrap()
+        .trim_start_matches("apisix-csrf-token=")
+        .to_owned();
+    let cookie = format!("apisix-csrf-token={token}");
+    let r = request(
+        gw.addr,
+        "POST",
+        "/hello",
+        &[("apisix-csrf-token", &token), ("Cookie", &cookie)],
+        "x",
+    );
+    assert_eq!(r.status, 401);
 }
