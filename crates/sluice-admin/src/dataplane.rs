@@ -304,6 +304,15 @@ fn parse_send(body: Option<&Value>) -> Result<(MatchQuery, Option<String>), Stri
         }
     }
     let q = parse_match(Some(&Value::Object(rest)))?;
+    if let Some((k, _)) = q
+        .headers
+        .iter()
+        .find(|(k, _)| FRAMING.iter().any(|f| k.eq_ignore_ascii_case(f)))
+    {
+        return Err(format!(
+            "invalid request body: header \"{k}\" cannot be set: the tester frames the request itself"
+        ));
+    }
     if q.method == "CONNECT" {
         return Err("invalid request body: CONNECT cannot be sent".into());
     }
@@ -346,11 +355,6 @@ fn build_send(
             .map_err(|_| format!("invalid request body: invalid header name \"{k}\""))?;
         if name == hyper::header::HOST {
             continue;
-        }
-        if FRAMING.contains(&name.as_str()) {
-            return Err(format!(
-                "invalid request body: header \"{k}\" cannot be set: the tester frames the request itself"
-            ));
         }
         let value = HeaderValue::from_bytes(v.as_bytes())
             .map_err(|_| format!("invalid request body: invalid value of header \"{k}\""))?;
