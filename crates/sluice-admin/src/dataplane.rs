@@ -393,21 +393,24 @@ pub(crate) async fn send(state: &AdminState, req: &Req) -> Reply {
         Ok(r) => r,
         Err(e) => return Reply::error(400, e),
     };
-    exchange(addr, request).await
+    exchange(addr, request, SEND_TIMEOUT).await
 }
 
-async fn exchange(addr: SocketAddr, request: hyper::Request<http_body_util::Full<Bytes>>) -> Reply {
+async fn exchange(
+    addr: SocketAddr,
+    request: hyper::Request<http_body_util::Full<Bytes>>,
+    limit: Duration,
+) -> Reply {
     use http_body_util::BodyExt;
     let started = std::time::Instant::now();
     let unreachable =
         |e: String| Reply::error(502, format!("cannot reach the proxy listener {addr}: {e}"));
-    let stream =
-        match tokio::time::timeout(SEND_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return unreachable(e.to_string()),
-            Err(_) => return unreachable(format!("no connection within {SEND_TIMEOUT:?}")),
-        };
-    let deadline = tokio::time::Instant::now() + SEND_TIMEOUT;
+    let stream = match tokio::time::timeout(limit, tokio::net::TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return unreachable(e.to_string()),
+        Err(_) => return unreachable(format!("no connection within {limit:?}")),
+    };
+    let deadline = tokio::time::Instant::now() + limit;
     let (mut sender, conn) =
         match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await {
             Ok(x) => x,
@@ -426,7 +429,7 @@ async fn exchange(addr: SocketAddr, request: hyper::Request<http_body_util::Full
         Err(_) => {
             return Reply::error(
                 504,
-                format!("the proxy listener {addr} gave no answer within {SEND_TIMEOUT:?}"),
+                format!("the proxy listener {addr} gave no answer within {limit:?}"),
             )
         }
     };
@@ -631,7 +634,7 @@ mod tests {
         let addr = l.local_addr().unwrap();
         drop(l);
         let (q, p) = parse_send(Some(&json!({"uri": "/"}))).unwrap();
-        let r = exchange(addr, build_send(&q, p, addr).unwrap()).await;
+        let r = exchange(addr, build_send(&q, p, addr).unwrap(), SEND_TIMEOUT).await;
         assert_eq!(r.status, 502);
         let msg = r.body["error_msg"].as_str().unwrap();
         assert!(
@@ -651,7 +654,81 @@ mod tests {
             let _ = s.read(&mut b).await;
         });
         let (q, p) = parse_send(Some(&json!({"uri": "/"}))).unwrap();
-        let r = exchange(addr, build_send(&q, p, addr).unwrap()).await;
+        let r = exchange(addr, build_send(&q, p, addr).unwrap(), SEND_TIMEOUT).await;
         assert_eq!(r.status, 502, "{}", r.body);
+    }
+
+    /// A listener that accepts, reads the request and answers with `reply` (then holds the connection open).
+    async fn answering(reply: &'static [u8], close: bool) -> SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; 4096];
+            let _ = s.read(&mut b).await;
+            let _ = s.write_all(reply).await;
+            if close {
+                return;
+            }
+            // Held open (bounded) so that only the tester's timeout ends the exchange.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        addr
+    }
+
+    async fn send_to(addr: SocketAddr) -> Reply {
+        let (q, p) = parse_send(Some(&json!({"uri": "/"}))).unwrap();
+        exchange(
+            addr,
+            build_send(&q, p, addr).unwrap(),
+            Duration::from_millis(300),
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn no_answer_in_time_is_504() {
+        let r = send_to(answering(b"", false).await).await;
+        assert_eq!(r.status, 504, "{}", r.body);
+        assert!(r.body["error_msg"]
+            .as_str()
+            .unwrap()
+            .contains("gave no answer within"));
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_or_stalled_is_marked_truncated() {
+        let head: &[u8] =
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nX-A: 1\r\nX-A: 2\r\n\r\n0123456789";
+        for close in [false, true] {
+            let r = send_to(answering(head, close).await).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            assert_eq!(r.body["status"], 200);
+            assert_eq!(r.body["body"], "0123456789");
+            assert_eq!(r.body["truncated"], true, "close={close}");
+            let h = &r.body["headers"];
+            assert_eq!(h[0], json!(["content-length", "100"]), "{h}");
+            assert_eq!(h[1], json!(["x-a", "1"]));
+            assert_eq!(h[2], json!(["x-a", "2"]));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_cap_is_cut_there() {
+        static BIG: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+        let big = BIG.get_or_init(|| {
+            let mut v = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                SEND_BODY_CAP
+            )
+            .into_bytes();
+            v.extend(std::iter::repeat_n(b'a', SEND_BODY_CAP));
+            v
+        });
+        let r = send_to(answering(big, true).await).await;
+        assert_eq!(r.body["body"].as_str().map(str::len), Some(SEND_BODY_CAP));
+        // Exactly the cap is whole, not cut.
+        assert_eq!(r.body["truncated"], false, "{}", r.body["truncated"]);
     }
 }

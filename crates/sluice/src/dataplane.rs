@@ -123,3 +123,25 @@ impl DataPlane for GatewayPlane {
         self.proxy
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tester_sends_to_the_first_plain_listener_on_loopback() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let tls = (a("0.0.0.0:9443"), ListenerKind::Tls);
+        let plain = |s: &str| (a(s), ListenerKind::Plain);
+        assert_eq!(
+            proxy_target(&[tls, plain("0.0.0.0:9080"), plain("10.1.1.1:9081")]),
+            Some(a("127.0.0.1:9080"))
+        );
+        assert_eq!(proxy_target(&[plain("[::]:9080")]), Some(a("[::1]:9080")));
+        assert_eq!(
+            proxy_target(&[plain("10.1.1.1:9081"), plain("0.0.0.0:9080")]),
+            Some(a("10.1.1.1:9081"))
+        );
+        assert_eq!(proxy_target(&[tls]), None);
+    }
+}
