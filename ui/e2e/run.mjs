@@ -324,6 +324,20 @@ async function adminFlow(browser) {
     log("SKIPPED the tester's match:", why);
   }
   if (!(await page.getByTestId("t-curl").textContent()).includes("/e2e")) throw new Error("no curl command");
+  // Send it for real (POST /apisix/admin/match/send): the mock's answer, through the proxy, shows on the page.
+  await page.getByTestId("t-send").click();
+  await page.locator('[data-testid="t-sent"], [data-testid="t-send-error"]').first().waitFor();
+  if (await page.getByTestId("t-send-error").count()) {
+    const why = await page.getByTestId("t-send-error").textContent();
+    if (!SKIP_LIVE) throw new Error(`request tester send: ${why}`);
+    log("SKIPPED the tester's send:", why);
+  } else {
+    const status = await page.getByTestId("t-sent-status").textContent();
+    const body = await page.getByTestId("t-sent-body").textContent();
+    const sentText = await page.getByTestId("t-sent").innerText();
+    if (status !== "200" || body !== "x".repeat(64) || !/content-length\s+64/.test(sentText)) throw new Error(`tester send: ${status} ${sentText}`);
+    log("request tester sent GET /e2e: 200 with the mock's 64-byte body");
+  }
   await shot(page, "tester");
 
   // Export, delete, import: the route comes back.
@@ -411,6 +425,9 @@ async function viewerFlow(browser) {
   await page.goto(`${ctx.admin}/ui/history`);
   await page.getByTestId("history").waitFor();
   if (await page.locator('[data-testid^="rollback-"]').count()) throw new Error("viewer sees rollback buttons");
+  await page.goto(`${ctx.admin}/ui/tester`);
+  await page.getByTestId("t-run").waitFor();
+  if (await page.getByTestId("t-send").count()) throw new Error("viewer sees the tester's Send button");
   await shot(page, "viewer");
   // The viewer sees secrets as the API shows them to a viewer: redacted, never the key.
   const secret = JACK_KEY;

@@ -3,9 +3,11 @@
 //! (`POST /match`), a route's effective plugin chain (`/routes/{id}/effective`) and the caller's role (`/whoami`).
 //! The data plane is reached through [`DataPlane`], which the binary implements from its gateway, so this crate
 //! still does not depend on the proxy. Same authentication as every read; `POST /match` is a read too (viewers may).
+//! `POST /match/send` sends the request for real to this node's own proxy listener over loopback: a write (admin
+//! keys only), since a request may have side effects.
 
 use std::convert::Infallible;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -35,6 +37,9 @@ pub trait DataPlane: Send + Sync {
         id: &str,
         consumer: Option<&str>,
     ) -> Result<Option<Vec<PluginRun>>, EffectiveError>;
+    /// Where `POST /match/send` connects: this node's first plain HTTP listener (`apisix.node_listen`), as a
+    /// loopback address when it listens on every address (`None`: no plain HTTP listener).
+    fn proxy_addr(&self) -> Option<SocketAddr>;
 }
 
 /// A stream of closed seconds, each already serialized as JSON.
@@ -259,6 +264,222 @@ fn match_route(state: &AdminState, dp: &dyn DataPlane, req: &Req) -> Reply {
     Reply::json(200, Value::Object(out))
 }
 
+/// `POST /match/send`: at most this much of the answer's body is returned (`truncated: true` beyond).
+pub const SEND_BODY_CAP: usize = 64 * 1024;
+/// `POST /match/send`: the connection to the listener, then the answer (head and captured body), each this long.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Fields the tester frames itself (one request, `Connection: close`): a caller's value could change where the
+/// request ends or turn the connection into something else, so they are refused, never passed on.
+const FRAMING: &[&str] = &[
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "expect",
+];
+
+/// The `/match` body plus an optional `"body"` string; `remote_addr` and `consumer` cannot be sent (the request
+/// comes from this node over loopback, and a consumer is whoever the request's credentials name).
+fn parse_send(body: Option<&Value>) -> Result<(MatchQuery, Option<String>), String> {
+    let Some(Value::Object(b)) = body else {
+        return Err("invalid request body: expected a JSON object".into());
+    };
+    let mut rest = b.clone();
+    let payload = match rest.remove("body") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(_) => return Err("invalid request body: \"body\" must be a string".into()),
+    };
+    for k in ["remote_addr", "consumer"] {
+        if rest.get(k).is_some_and(|v| !v.is_null()) {
+            return Err(format!(
+                "invalid request body: \"{k}\" cannot be sent: a sent request comes from this node over \
+                 loopback, with the credentials in its headers"
+            ));
+        }
+    }
+    let q = parse_match(Some(&Value::Object(rest)))?;
+    if let Some((k, _)) = q
+        .headers
+        .iter()
+        .find(|(k, _)| FRAMING.iter().any(|f| k.eq_ignore_ascii_case(f)))
+    {
+        return Err(format!(
+            "invalid request body: header \"{k}\" cannot be set: the tester frames the request itself"
+        ));
+    }
+    if q.method == "CONNECT" {
+        return Err("invalid request body: CONNECT cannot be sent".into());
+    }
+    Ok((q, payload))
+}
+
+/// The request as it goes on the wire, every field checked by the `http` crate's strict parsers.
+fn build_send(
+    q: &MatchQuery,
+    payload: Option<String>,
+    addr: SocketAddr,
+) -> Result<hyper::Request<http_body_util::Full<Bytes>>, String> {
+    use hyper::header::{HeaderName, HeaderValue};
+    let method = hyper::Method::from_bytes(q.method.as_bytes())
+        .map_err(|_| format!("invalid request body: invalid method \"{}\"", q.method))?;
+    let uri: hyper::Uri = q
+        .uri
+        .parse()
+        .map_err(|e| format!("invalid request body: invalid uri: {e}"))?;
+    let header_host = q
+        .headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("host"))
+        .map(|(_, v)| v.clone());
+    // No host at all: the listener's address, as curl sends for http://127.0.0.1:9080/...
+    let host = q
+        .host
+        .clone()
+        .or(header_host)
+        .unwrap_or_else(|| addr.to_string());
+    let mut r = hyper::Request::builder().method(method).uri(uri);
+    let h = r.headers_mut().ok_or("invalid request")?;
+    h.insert(
+        hyper::header::HOST,
+        HeaderValue::from_bytes(host.as_bytes())
+            .map_err(|_| format!("invalid request body: invalid host \"{host}\""))?,
+    );
+    for (k, v) in &q.headers {
+        let name = HeaderName::from_bytes(k.as_bytes())
+            .map_err(|_| format!("invalid request body: invalid header name \"{k}\""))?;
+        if name == hyper::header::HOST {
+            continue;
+        }
+        let value = HeaderValue::from_bytes(v.as_bytes())
+            .map_err(|_| format!("invalid request body: invalid value of header \"{k}\""))?;
+        h.append(name, value);
+    }
+    h.insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    if let Some(p) = &payload {
+        h.insert(hyper::header::CONTENT_LENGTH, HeaderValue::from(p.len()));
+    }
+    r.body(http_body_util::Full::new(Bytes::from(
+        payload.unwrap_or_default(),
+    )))
+    .map_err(|e| format!("invalid request body: {e}"))
+}
+
+/// `POST /match/send`: the `/match` checks, then one request to this node's own HTTP listener over loopback.
+pub(crate) async fn send(state: &AdminState, req: &Req) -> Reply {
+    let Some(dp) = state.data_plane.clone() else {
+        return Reply::error(503, "the data plane is not available to the Admin API");
+    };
+    let (q, payload) = match parse_send(req.body.as_ref()) {
+        Ok(x) => x,
+        Err(e) => return Reply::error(400, e),
+    };
+    // What the proxy's own parser and normaliser would refuse is refused here, with /match's messages.
+    if let Err(e) = dp.match_request(&q) {
+        return Reply::error(400, e);
+    }
+    let Some(addr) = dp.proxy_addr() else {
+        return Reply::error(
+            503,
+            "this node has no plain HTTP listener (apisix.node_listen) to send to",
+        );
+    };
+    let request = match build_send(&q, payload, addr) {
+        Ok(r) => r,
+        Err(e) => return Reply::error(400, e),
+    };
+    exchange(addr, request, SEND_TIMEOUT).await
+}
+
+async fn exchange(
+    addr: SocketAddr,
+    request: hyper::Request<http_body_util::Full<Bytes>>,
+    limit: Duration,
+) -> Reply {
+    use http_body_util::BodyExt;
+    let started = std::time::Instant::now();
+    let unreachable =
+        |e: String| Reply::error(502, format!("cannot reach the proxy listener {addr}: {e}"));
+    let stream = match tokio::time::timeout(limit, tokio::net::TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return unreachable(e.to_string()),
+        Err(_) => return unreachable(format!("no connection within {limit:?}")),
+    };
+    let deadline = tokio::time::Instant::now() + limit;
+    let (mut sender, conn) =
+        match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await {
+            Ok(x) => x,
+            Err(e) => return unreachable(e.to_string()),
+        };
+    // Aborted below whatever happens, which closes the socket (also when the body was cut short).
+    let conn = AbortOnDrop(tokio::spawn(conn));
+    let resp = match tokio::time::timeout_at(deadline, sender.send_request(request)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            return Reply::error(
+                502,
+                format!("the proxy listener {addr} gave no answer: {e}"),
+            )
+        }
+        Err(_) => {
+            return Reply::error(
+                504,
+                format!("the proxy listener {addr} gave no answer within {limit:?}"),
+            )
+        }
+    };
+    let (head, mut body) = resp.into_parts();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut truncated = false;
+    loop {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(None) => break,
+            Ok(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                let room = SEND_BODY_CAP - buf.len();
+                if data.len() > room {
+                    buf.extend_from_slice(&data[..room]);
+                    truncated = true;
+                    break;
+                }
+                buf.extend_from_slice(&data);
+            }
+            // Ended early or too slow: what arrived is the answer, marked as cut.
+            Ok(Some(Err(_))) | Err(_) => {
+                truncated = true;
+                break;
+            }
+        }
+    }
+    drop(conn);
+    let headers: Vec<Value> = head
+        .headers
+        .iter()
+        .map(|(k, v)| json!([k.as_str(), String::from_utf8_lossy(v.as_bytes())]))
+        .collect();
+    let elapsed = (started.elapsed().as_secs_f64() * 1e6).round() / 1e3;
+    Reply::json(
+        200,
+        json!({"status": head.status.as_u16(), "headers": headers,
+               "body": String::from_utf8_lossy(&buf), "truncated": truncated, "elapsed_ms": elapsed}),
+    )
+}
+
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 fn id_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -370,5 +591,144 @@ mod tests {
         assert!(bad(json!({"uri": "/", "bogus": 1})).contains("unknown property"));
         assert!(parse_match(Some(&json!([1]))).is_err());
         assert!(parse_match(None).is_err());
+    }
+
+    #[test]
+    fn send_bodies_refuse_what_cannot_be_sent() {
+        let addr: SocketAddr = ([127, 0, 0, 1], 9080).into();
+        let (q, p) = parse_send(Some(&json!({"uri": "/a", "body": "x"}))).unwrap();
+        assert_eq!(p.as_deref(), Some("x"));
+        let r = build_send(&q, p, addr).unwrap();
+        assert_eq!(r.headers()["host"], "127.0.0.1:9080");
+        assert_eq!(r.headers()["content-length"], "1");
+        assert_eq!(r.headers()["connection"], "close");
+        let bad = |v: Value| match parse_send(Some(&v)) {
+            Err(e) => e,
+            Ok((q, p)) => build_send(&q, p, addr).unwrap_err(),
+        };
+        assert!(bad(json!({"uri": "/", "body": 1})).contains("must be a string"));
+        assert!(bad(json!({"uri": "/", "consumer": "jack"})).contains("cannot be sent"));
+        assert!(bad(json!({"uri": "/", "remote_addr": "10.0.0.1"})).contains("cannot be sent"));
+        assert!(bad(json!({"uri": "/", "method": "CONNECT"})).contains("CONNECT"));
+        for h in [
+            "Content-Length",
+            "transfer-encoding",
+            "Connection",
+            "Upgrade",
+            "Expect",
+        ] {
+            let e = bad(json!({"uri": "/", "headers": {h: "1"}}));
+            assert!(e.contains("frames the request itself"), "{h}: {e}");
+        }
+        assert!(
+            bad(json!({"uri": "/", "headers": {"X-A": "1\r\nX-B: 2"}})).contains("invalid value")
+        );
+        assert!(bad(json!({"uri": "/", "headers": {"X A": "1"}})).contains("invalid header name"));
+        assert!(bad(json!({"uri": "/a b"})).contains("invalid uri"));
+        assert!(bad(json!({"uri": "/", "host": "h\r\nX: y"})).contains("invalid host"));
+    }
+
+    #[tokio::test]
+    async fn send_to_a_closed_listener_is_502() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let (q, p) = parse_send(Some(&json!({"uri": "/"}))).unwrap();
+        let r = exchange(addr, build_send(&q, p, addr).unwrap(), SEND_TIMEOUT).await;
+        assert_eq!(r.status, 502);
+        let msg = r.body["error_msg"].as_str().unwrap();
+        assert!(
+            msg.starts_with(&format!("cannot reach the proxy listener {addr}: ")),
+            "{msg}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_listener_that_closes_without_answering_is_502() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; 1024];
+            let _ = s.read(&mut b).await;
+        });
+        let (q, p) = parse_send(Some(&json!({"uri": "/"}))).unwrap();
+        let r = exchange(addr, build_send(&q, p, addr).unwrap(), SEND_TIMEOUT).await;
+        assert_eq!(r.status, 502, "{}", r.body);
+    }
+
+    /// A listener that accepts, reads the request and answers with `reply` (then holds the connection open).
+    async fn answering(reply: &'static [u8], close: bool) -> SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; 4096];
+            let _ = s.read(&mut b).await;
+            let _ = s.write_all(reply).await;
+            if close {
+                return;
+            }
+            // Held open (bounded) so that only the tester's timeout ends the exchange.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        addr
+    }
+
+    async fn send_to(addr: SocketAddr) -> Reply {
+        let (q, p) = parse_send(Some(&json!({"uri": "/"}))).unwrap();
+        exchange(
+            addr,
+            build_send(&q, p, addr).unwrap(),
+            Duration::from_millis(300),
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn no_answer_in_time_is_504() {
+        let r = send_to(answering(b"", false).await).await;
+        assert_eq!(r.status, 504, "{}", r.body);
+        assert!(r.body["error_msg"]
+            .as_str()
+            .unwrap()
+            .contains("gave no answer within"));
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_or_stalled_is_marked_truncated() {
+        let head: &[u8] =
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nX-A: 1\r\nX-A: 2\r\n\r\n0123456789";
+        for close in [false, true] {
+            let r = send_to(answering(head, close).await).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            assert_eq!(r.body["status"], 200);
+            assert_eq!(r.body["body"], "0123456789");
+            assert_eq!(r.body["truncated"], true, "close={close}");
+            let h = &r.body["headers"];
+            assert_eq!(h[0], json!(["content-length", "100"]), "{h}");
+            assert_eq!(h[1], json!(["x-a", "1"]));
+            assert_eq!(h[2], json!(["x-a", "2"]));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_cap_is_cut_there() {
+        static BIG: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+        let big = BIG.get_or_init(|| {
+            let mut v = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                SEND_BODY_CAP
+            )
+            .into_bytes();
+            v.extend(std::iter::repeat_n(b'a', SEND_BODY_CAP));
+            v
+        });
+        let r = send_to(answering(big, true).await).await;
+        assert_eq!(r.body["body"].as_str().map(str::len), Some(SEND_BODY_CAP));
+        // Exactly the cap is whole, not cut.
+        assert_eq!(r.body["truncated"], false, "{}", r.body["truncated"]);
     }
 }

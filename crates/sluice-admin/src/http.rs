@@ -322,6 +322,9 @@ async fn handle_whole(
 pub(crate) async fn dispatch(state: &AdminState, req: &Req) -> Reply {
     let segs: Vec<&str> = req.segs.iter().map(String::as_str).collect();
     let get = req.method == "GET";
+    if req.method == "POST" && segs == ["match", "send"] {
+        return dataplane::send(state, req).await;
+    }
     if let Some(reply) = dataplane::handle(state, req) {
         return reply;
     }

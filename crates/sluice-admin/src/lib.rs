@@ -27,6 +27,7 @@ use sluice_store::kv::Store;
 pub use config::{AdminConfig, AdminKey, Role, SAMPLE_KEYS};
 pub use dataplane::{
     DataPlane, EffectiveError, MatchQuery, Matched, PluginRun, StatsFeed, MAX_SECONDS, MAX_STREAMS,
+    SEND_BODY_CAP, SEND_TIMEOUT,
 };
 pub use http::serve;
 pub use ui::{BUILT as UI_BUILT, CSP as UI_CSP};

@@ -2,18 +2,33 @@
 //! API's health view, the request tester and effective chains, all answered by the gateway itself.
 
 use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 
 use serde_json::Value;
 use sluice_admin::{DataPlane, EffectiveError, MatchQuery, Matched, PluginRun, StatsFeed};
-use sluice_proxy::{ChainEntry, Gateway, InspectError, MatchInput};
+use sluice_proxy::{ChainEntry, Gateway, InspectError, ListenerKind, MatchInput};
 use sluice_store::ConfigRx;
 
 pub struct GatewayPlane {
     pub gateway: Gateway,
     /// The provider's configuration, for the health view's resource list (as the control API reads it).
     pub config: ConfigRx,
+    /// The first plain listener, as the request tester's sends reach it (see [`proxy_target`]).
+    pub proxy: Option<SocketAddr>,
+}
+
+/// Where the Admin API's request tester connects: the first `node_listen` address, on loopback when it listens on
+/// every address (`0.0.0.0` / `::`). Listeners do not change on reload, so this is fixed at start.
+pub fn proxy_target(addrs: &[(SocketAddr, ListenerKind)]) -> Option<SocketAddr> {
+    let (a, _) = addrs.iter().find(|(_, k)| *k == ListenerKind::Plain)?;
+    let ip = match a.ip() {
+        IpAddr::V4(v) if v.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v) if v.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    Some(SocketAddr::new(ip, a.port()))
 }
 
 struct Feed(tokio::sync::broadcast::Receiver<Arc<sluice_stats::Sample>>);
@@ -102,5 +117,31 @@ impl DataPlane for GatewayPlane {
                 Err(EffectiveError::Other(e))
             }
         }
+    }
+
+    fn proxy_addr(&self) -> Option<SocketAddr> {
+        self.proxy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tester_sends_to_the_first_plain_listener_on_loopback() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let tls = (a("0.0.0.0:9443"), ListenerKind::Tls);
+        let plain = |s: &str| (a(s), ListenerKind::Plain);
+        assert_eq!(
+            proxy_target(&[tls, plain("0.0.0.0:9080"), plain("10.1.1.1:9081")]),
+            Some(a("127.0.0.1:9080"))
+        );
+        assert_eq!(proxy_target(&[plain("[::]:9080")]), Some(a("[::1]:9080")));
+        assert_eq!(
+            proxy_target(&[plain("10.1.1.1:9081"), plain("0.0.0.0:9080")]),
+            Some(a("10.1.1.1:9081"))
+        );
+        assert_eq!(proxy_target(&[tls]), None);
     }
 }

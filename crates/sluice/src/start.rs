@@ -134,6 +134,7 @@ pub fn run(
             store: store.clone(),
             applier: applier.clone(),
             applied_rx,
+            proxy: crate::dataplane::proxy_target(&addrs),
             admin: None,
             metrics: None,
             control: None,
@@ -214,6 +215,8 @@ struct Side {
     store: Option<Arc<dyn kv::Store>>,
     applier: Arc<Applier>,
     applied_rx: tokio::sync::watch::Receiver<u64>,
+    /// The request tester's target (`crate::dataplane::proxy_target`).
+    proxy: Option<std::net::SocketAddr>,
     admin: Served,
     metrics: Served,
     control: Served,
@@ -374,6 +377,7 @@ impl Side {
         .with_data_plane(Arc::new(crate::dataplane::GatewayPlane {
             gateway: self.gateway.clone(),
             config: self.rx.clone(),
+            proxy: self.proxy,
         }));
         self.admin = Some((
             addr,

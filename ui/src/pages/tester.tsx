@@ -1,9 +1,19 @@
 // Request tester: POST /apisix/admin/match says which route a request would match, the plugins that would run (in
-// order, with where each comes from) and the upstream node. The browser cannot send the request to the proxy port
-// itself (another origin, blocked by the page's CSP), so the page builds the curl command to send it.
+// order, with where each comes from) and the upstream node. The browser cannot call the proxy port itself (another
+// origin, blocked by the page's CSP): "Send" asks the Admin API to send it (POST /apisix/admin/match/send, admin
+// keys only, so viewers do not see the button), and the page also shows the equivalent curl command.
 import { useState } from "react";
 import { api, ApiError } from "../api";
+import { useRole } from "../role";
 import { Link } from "../router";
+
+interface Sent {
+  status: number;
+  headers: [string, string][];
+  body: string;
+  truncated: boolean;
+  elapsed_ms: number;
+}
 
 export function Tester() {
   const [method, setMethod] = useState("GET");
@@ -15,6 +25,11 @@ export function Tester() {
   const [proxy, setProxy] = useState(`http://${location.hostname || "127.0.0.1"}:9080`);
   const [result, setResult] = useState<any>(null);
   const [error, setError] = useState<string | null>(null);
+  const [body, setBody] = useState("");
+  const [sent, setSent] = useState<Sent | null>(null);
+  const [sendError, setSendError] = useState<string | null>(null);
+  const [sending, setSending] = useState(false);
+  const role = useRole();
 
   const hdrs = () => {
     const out: Record<string, string> = {};
@@ -35,12 +50,26 @@ export function Tester() {
       else setError(String((e as Error).message));
     }
   };
+  const send = async () => {
+    setSendError(null);
+    setSent(null);
+    setSending(true);
+    try {
+      const r = await api<Sent>("POST", "/match/send", { method, host: host || undefined, uri, headers: hdrs(), body: body || undefined });
+      setSent(r.data);
+    } catch (e) {
+      setSendError(String((e as Error).message));
+    } finally {
+      setSending(false);
+    }
+  };
   const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
   const curl = [
     "curl -i",
     method !== "GET" ? `-X ${method}` : "",
     host ? `-H ${q(`Host: ${host}`)}` : "",
     ...Object.entries(hdrs()).map(([k, v]) => `-H ${q(`${k}: ${v}`)}`),
+    body ? `--data-binary ${q(body)}` : "",
     q(proxy.replace(/\/$/, "") + uri),
   ]
     .filter(Boolean)
@@ -58,6 +87,7 @@ export function Tester() {
         <label>client address<input value={remote} onChange={(e) => setRemote(e.target.value)} /></label>
         <label>as consumer (optional)<input value={consumer} onChange={(e) => setConsumer(e.target.value)} placeholder="username" /></label>
         <label className="wide"><span>headers (one <code>Name: value</code> a line)</span><textarea value={headers} onChange={(e) => setHeaders(e.target.value)} rows={3} data-testid="t-headers" /></label>
+        <label className="wide"><span>request body (sent only; matching ignores it)</span><textarea value={body} onChange={(e) => setBody(e.target.value)} rows={2} data-testid="t-body" /></label>
       </div>
       <div className="toolbar">
         <button className="primary" onClick={run} data-testid="t-run">Match</button>
@@ -84,9 +114,38 @@ export function Tester() {
         </div>
       )}
       <h3>Send it for real</h3>
+      {role === "admin" ? (
+        <>
+          <p className="muted">
+            The gateway sends the request to its own HTTP listener (first <code>node_listen</code> address) from
+            127.0.0.1; routing picks the upstream as for any client. Client address and consumer are not sent.
+          </p>
+          <div className="toolbar">
+            <button className="primary" onClick={send} disabled={sending} data-testid="t-send">{sending ? "Sending..." : "Send"}</button>
+          </div>
+          {sendError && <div className="error" data-testid="t-send-error">{sendError}</div>}
+          {sent && (
+            <div data-testid="t-sent">
+              <p>
+                Status <b data-testid="t-sent-status">{sent.status}</b> in {sent.elapsed_ms} ms
+                {sent.truncated ? <span className="tag"> body cut at 64 KiB</span> : null}
+              </p>
+              <table className="list">
+                <thead><tr><th>header</th><th>value</th></tr></thead>
+                <tbody>
+                  {sent.headers.map(([k, v], i) => <tr key={i}><td>{k}</td><td>{v}</td></tr>)}
+                </tbody>
+              </table>
+              <pre data-testid="t-sent-body">{sent.body}</pre>
+            </div>
+          )}
+        </>
+      ) : (
+        <p className="muted">Sending needs an admin key (a sent request may change things).</p>
+      )}
       <p className="muted">
-        The dashboard cannot call the proxy port itself (another origin; the page's Content-Security-Policy allows the
-        Admin API only). Copy this command:
+        Or from a shell (the page itself cannot call the proxy port: another origin, and its Content-Security-Policy
+        allows the Admin API only):
       </p>
       <label>proxy address <input value={proxy} onChange={(e) => setProxy(e.target.value)} /></label>
       <pre className="curl" data-testid="t-curl">{curl}</pre>

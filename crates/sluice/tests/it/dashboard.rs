@@ -719,3 +719,182 @@ async fn effective_chain_in_run_order_with_sources() {
     .await;
     assert_eq!((st, v), (404, json!({"error_msg": "consumer not found"})));
 }
+
+/// `curl -si` against the proxy: (status, headers lower-cased, body).
+async fn curl(args: Vec<String>) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("curl")
+            .args(["-s", "-i", "--max-time", "20"])
+            .args(&args)
+            .output()
+            .expect("run curl")
+    })
+    .await
+    .expect("curl task");
+    assert!(out.status.success(), "curl {:?}", out);
+    let raw = out.stdout;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("curl head");
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers, raw[split + 4..].to_vec())
+}
+
+fn answer_header<'a>(v: &'a Value, name: &str) -> Option<&'a str> {
+    v["headers"]
+        .as_array()?
+        .iter()
+        .find(|h| h[0] == name)
+        .and_then(|h| h[1].as_str())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_answers_what_curl_gets_and_refuses_injection() {
+    let origin = Origin::start("o").await;
+    let node = start().await;
+    let a = node.admin;
+    let gw = node.sluice.addr;
+    let up = json!({"nodes": {origin.addr.to_string(): 1}});
+    put_applied(
+        a,
+        "/apisix/admin/routes/s1",
+        json!({"uri": "/*", "hosts": ["a.example"], "upstream": up,
+               "plugins": {"response-rewrite": {"headers": {"set": {"X-Route": "s1"}}}}}),
+    )
+    .await;
+    let send = "/apisix/admin/match/send";
+
+    // A POST with a body and a header: the tester's answer is what curl gets from the proxy.
+    let q = json!({"method": "POST", "host": "a.example", "uri": "/echo?x=1",
+                   "headers": {"X-Test": "t1"}, "body": "hello from the tester"});
+    let (st, v) = call(a, "POST", send, Some(KEY), &q.to_string()).await;
+    assert_eq!(st, 200, "{v}");
+    let sent = origin.last();
+    assert_eq!(
+        (sent.method.as_str(), sent.target.as_str()),
+        ("POST", "/echo?x=1")
+    );
+    assert_eq!(sent.header("x-test"), Some("t1"));
+    assert_eq!(sent.header("host"), Some("a.example"));
+    assert_eq!(sent.body, b"hello from the tester");
+    let (cst, ch, cbody) = curl(vec![
+        "-X".into(),
+        "POST".into(),
+        "-H".into(),
+        "Host: a.example".into(),
+        "-H".into(),
+        "X-Test: t1".into(),
+        "--data-binary".into(),
+        "hello from the tester".into(),
+        format!("http://{gw}/echo?x=1"),
+    ])
+    .await;
+    assert_eq!(v["status"], cst, "{v}");
+    assert_eq!(v["body"], String::from_utf8_lossy(&cbody).as_ref(), "{v}");
+    for name in ["x-route", "x-origin", "x-seen-target", "content-length"] {
+        let theirs = ch.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        assert!(theirs.is_some(), "curl got no {name}: {ch:?}");
+        assert_eq!(answer_header(&v, name), theirs, "{name}: {v}");
+    }
+    assert_eq!(v["truncated"], false);
+    assert!(v["elapsed_ms"].as_f64().is_some_and(|t| t >= 0.0), "{v}");
+
+    // No route for that host: the proxy's own 404, as curl sees it.
+    let q = json!({"host": "b.example", "uri": "/x"});
+    let (st, v) = call(a, "POST", send, Some(KEY), &q.to_string()).await;
+    let (cst, _, cbody) = curl(vec![
+        "-H".into(),
+        "Host: b.example".into(),
+        format!("http://{gw}/x"),
+    ])
+    .await;
+    assert_eq!((st, v["status"].as_u64()), (200, Some(u64::from(cst))));
+    assert_eq!(cst, 404);
+    assert_eq!(v["body"], String::from_utf8_lossy(&cbody).as_ref());
+
+    // A body over 64 KiB is cut there, and said so.
+    let q =
+        json!({"method": "POST", "host": "a.example", "uri": "/echo", "body": "z".repeat(100_000)});
+    let (st, v) = call(a, "POST", send, Some(KEY), &q.to_string()).await;
+    assert_eq!((st, v["status"].as_u64()), (200, Some(200)));
+    assert_eq!(v["body"].as_str().map(str::len), Some(64 * 1024));
+    assert_eq!(v["truncated"], true);
+    assert_eq!(answer_header(&v, "content-length"), Some("100000"));
+
+    // Nothing below may reach the proxy: the origin (which every request on a.example reaches, and which records
+    // any smuggled header line) sees no new request.
+    let seen = origin.count();
+    let bad: Vec<String> = vec![
+        json!({"host": "a.example", "uri": "/", "headers": {"X-A": "1\r\nX-Smuggled: yes"}}),
+        json!({"host": "a.example", "uri": "/", "headers": {"X-A": "1\nX-Smuggled: yes"}}),
+        json!({"host": "a.example", "uri": "/", "headers": {"X-A\r\nX-Smuggled": "yes"}}),
+        json!({"host": "a.example", "uri": "/", "headers": {"X-A": "1\u{0}"}}),
+        json!({"host": "a.example\r\nX-Smuggled: yes", "uri": "/"}),
+        json!({"host": "a.example", "uri": "/ HTTP/1.1\r\nX-Smuggled: yes\r\n\r\nGET /"}),
+        json!({"host": "a.example", "uri": "/a b"}),
+        json!({"host": "a.example", "uri": "/", "method": "GET / HTTP/1.1\r\n"}),
+        json!({"host": "a.example", "uri": "/", "method": "CONNECT"}),
+        json!({"host": "a.example", "uri": "/", "headers": {"Transfer-Encoding": "chunked"},
+               "body": "0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a.example\r\n\r\n"}),
+        json!({"host": "a.example", "uri": "/", "headers": {"Content-Length": "0"},
+               "body": "GET /smuggled HTTP/1.1\r\nHost: a.example\r\n\r\n"}),
+        json!({"host": "a.example", "uri": "/", "headers": {"Connection": "keep-alive"}}),
+        json!({"host": "a.example", "uri": "/", "headers": {"Upgrade": "websocket"}}),
+        json!({"host": "a.example", "uri": "/", "remote_addr": "10.0.0.1"}),
+        json!({"host": "a.example", "uri": "/", "consumer": "jack"}),
+        json!({"host": "a.example", "uri": "/", "body": 5}),
+        json!({"host": "a.example", "uri": "http://elsewhere.example/"}),
+    ]
+    .into_iter()
+    .map(|v| v.to_string())
+    .collect();
+    for b in &bad {
+        let (st, v) = call(a, "POST", send, Some(KEY), b).await;
+        assert_eq!(st, 400, "{b}: {v}");
+        assert!(
+            v["error_msg"].as_str().is_some_and(|m| !m.is_empty()),
+            "{b}: {v}"
+        );
+    }
+    // Over the Admin API's body limit (1.5 MiB).
+    let huge = json!({"method": "POST", "host": "a.example", "uri": "/echo", "body": "z".repeat(1600 * 1024)});
+    let (st, _) = call(a, "POST", send, Some(KEY), &huge.to_string()).await;
+    assert_eq!(st, 400, "a body over the Admin API's limit");
+    // A viewer may match but not send (a sent request may have side effects); no key at all neither.
+    let ok = json!({"host": "a.example", "uri": "/viewer"}).to_string();
+    let (st, v) = call(a, "POST", send, Some(VIEWER), &ok).await;
+    assert_eq!(
+        (st, v["description"].as_str()),
+        (401, Some("invalid method for role viewer")),
+        "{v}"
+    );
+    let (st, _) = call(a, "POST", send, None, &ok).await;
+    assert_eq!(st, 401);
+    assert_eq!(
+        origin.count(),
+        seen,
+        "a refused send reached the proxy: {:?}",
+        origin.requests().last()
+    );
+    assert!(origin
+        .requests()
+        .iter()
+        .all(|r| !r.has_header("x-smuggled") && !r.target.contains("smuggled")));
+
+    // The same request from an admin key goes through (the refusals above were about the request, not the route).
+    let (st, v) = call(a, "POST", send, Some(KEY), &ok).await;
+    assert_eq!((st, v["status"].as_u64()), (200, Some(200)), "{v}");
+    assert_eq!(answer_header(&v, "x-route"), Some("s1"));
+    assert_eq!(origin.last().target, "/viewer");
+}
