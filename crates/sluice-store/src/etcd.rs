@@ -442,10 +442,15 @@ async fn announce_loop(
     );
     let mut backoff = Duration::from_millis(100);
     loop {
+        let began = tokio::time::Instant::now();
         match announce_once(&client, &key, &mut info, &mut applied, ttl).await {
             Ok(()) => return,
             Err(e) => {
                 tracing::warn!(key, error = %e, "node registry: report lost; retrying");
+                // A registration that held for a while starts its retries from the shortest wait again.
+                if began.elapsed() > ttl {
+                    backoff = Duration::from_millis(100);
+                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }

@@ -76,7 +76,7 @@ impl Etcd {
     }
 
     /// SIGKILL: etcd vanishes without a goodbye, as in a crash or a network cut.
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();

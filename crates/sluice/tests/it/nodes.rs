@@ -130,6 +130,32 @@ async fn two_nodes_on_etcd_are_listed_with_applied_revisions_and_a_killed_one_ex
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(applied(&nodes(&a).await), vec![(ida.clone(), rev1)]);
         drop(b);
+
+        // etcd away for longer than the TTL (a's lease is lost), then back: a registers again, and stays
+        // listed after its old lease has expired (the key moved to the new lease).
+        etcd.kill();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        etcd.start().await;
+        eventually(
+            Duration::from_secs(20),
+            "node a registered again",
+            || async {
+                let (st, v) = admin(&a, "GET", "/apisix/admin/nodes", "").await;
+                st == 200
+                    && applied(&v)
+                        .iter()
+                        .map(|(id, _)| id.clone())
+                        .collect::<Vec<_>>()
+                        == vec![ida.clone()]
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let ids: Vec<String> = applied(&nodes(&a).await)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(ids, vec![ida.clone()]);
         drop(etcd);
     })
     .await;
