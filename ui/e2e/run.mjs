@@ -309,6 +309,17 @@ async function adminFlow(browser) {
   // The other screens render against the real gateway.
   await page.goto(`${ctx.admin}/ui/health`);
   await page.getByTestId("status").waitFor();
+  // The embedded store: the node list is this one node, at the applied revision /status reports.
+  await page.getByTestId("nodes").waitFor();
+  {
+    const nodes = (await admin("GET", "/nodes")).data;
+    if (nodes.total !== 1) throw new Error(`nodes: ${JSON.stringify(nodes)}`);
+    const row = page.getByTestId(`node-${nodes.list[0].id}`);
+    await row.waitFor();
+    const text = await row.innerText();
+    if (!text.includes(String(nodes.list[0].applied_revision)) || !text.includes(nodes.list[0].version)) throw new Error(`node row: ${text}`);
+    log("health lists node", nodes.list[0].id, "at revision", nodes.list[0].applied_revision);
+  }
   await shot(page, "health");
   await page.goto(`${ctx.admin}/ui/tester`);
   await page.getByTestId("t-uri").fill("/e2e");

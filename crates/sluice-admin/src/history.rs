@@ -8,6 +8,7 @@
 //!   POST /apisix/admin/history/{rev}/rollback     restore the configuration as it was at {rev}
 //!                                                 (`?confirm=empty` when that state has no resource at all)
 //!   GET  /apisix/admin/status                     backend, revision, applied revision, health
+//!   GET  /apisix/admin/nodes                      every node (etcd registry) or this one, with applied revision
 //!
 //! Values are shown as a GET shows them (`handlers::present`): viewer keys see every secret redacted.
 
@@ -230,4 +231,27 @@ pub(crate) fn status(state: &AdminState) -> Reply {
             "healthy": state.store.healthy(),
         }),
     )
+}
+
+/// `GET /apisix/admin/nodes`: every node's `server_info` with its applied revision, from the store's registry
+/// (etcd: live leased keys), or this node alone when the store keeps none (embedded).
+pub(crate) async fn nodes(state: &AdminState) -> Reply {
+    let list = match state.store.nodes().await {
+        Ok(Some(list)) => list,
+        Ok(None) => vec![Value::Object(sluice_store::node::report(
+            &state.server_info,
+            *state.applied.borrow(),
+        ))],
+        Err(e) => return Reply::error(503, e.to_string()),
+    };
+    let mut list: Vec<Value> = list
+        .into_iter()
+        .map(|mut v| {
+            // Present means alive: a node's key lives on a lease it renews.
+            v["alive"] = Value::Bool(true);
+            v
+        })
+        .collect();
+    list.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    Reply::json(200, json!({"total": list.len(), "list": list}))
 }

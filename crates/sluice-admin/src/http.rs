@@ -339,6 +339,7 @@ pub(crate) async fn dispatch(state: &AdminState, req: &Req) -> Reply {
             None => Reply::error(400, format!("not found schema: {res}")),
         },
         ["status"] if get => history::status(state),
+        ["nodes"] if get => history::nodes(state).await,
         ["history", ..] => history::handle(state, req, &req.segs[1..]).await,
         _ => {
             let Some(t) = handlers::target(&req.segs) else {

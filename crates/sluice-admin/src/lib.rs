@@ -82,6 +82,8 @@ pub struct AdminState {
     pub data_plane: Option<Arc<dyn DataPlane>>,
     /// Bounds concurrent `/stats/stream` answers.
     streams: Arc<tokio::sync::Semaphore>,
+    /// This node's `server_info` (`sluice_store::node`): `/nodes` lists it when the store keeps no registry.
+    pub server_info: serde_json::Map<String, Value>,
 }
 
 impl AdminState {
@@ -101,7 +103,14 @@ impl AdminState {
             write_lock: Arc::new(tokio::sync::Mutex::new(())),
             data_plane: None,
             streams: dataplane::stream_slots(),
+            server_info: Default::default(),
         }
+    }
+
+    /// Lists `info` as this node in `/nodes` when the store keeps no node registry.
+    pub fn with_server_info(mut self, info: serde_json::Map<String, Value>) -> AdminState {
+        self.server_info = info;
+        self
     }
 
     /// Serves the data-plane endpoints (`/stats`, `/match`, ...) from `dp`.

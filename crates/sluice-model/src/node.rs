@@ -435,6 +435,9 @@ pub struct SluiceSection {
     /// from the config file's directory. Default: `sluice.pid` beside config.yaml.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pid_file: Option<String>,
+    /// With etcd: the lease TTL (seconds) of this node's `/data_plane/server_info/{id}` key, so a node that
+    /// died leaves the registry this long after its last renewal.
+    pub node_ttl: u64,
 }
 
 impl Default for SluiceSection {
@@ -448,6 +451,7 @@ impl Default for SluiceSection {
             config_poll_interval: 1.0,
             data_dir: "../.data".into(),
             pid_file: None,
+            node_ttl: 30,
         }
     }
 }

@@ -12,7 +12,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    WatchOptions,
 };
 use serde_json::Value;
 use sluice_model::NodeConfig;
@@ -226,7 +227,19 @@ impl Inner {
                 ));
             }
             let revision = msg.header().map_or(0, |h| h.revision()).max(0) as u64;
-            if msg.events().is_empty() {
+            // Only resource keys make a new configuration: node registry reports (every node's, every second
+            // while revisions move) would otherwise be published and applied as new revisions, and the applied
+            // revision they report would move again. `seen` still follows, so `sync` and commits do not wait.
+            let ours = msg.events().iter().any(|ev| {
+                ev.kv()
+                    .is_some_and(|kv| relative(&self.cfg.prefix, kv.key()).is_some())
+            });
+            if !ours {
+                self.seen.send_if_modified(|s| {
+                    let moved = revision > *s;
+                    *s = (*s).max(revision);
+                    moved
+                });
                 continue;
             }
             let cur = self.current();
@@ -385,6 +398,141 @@ impl Store for EtcdStore {
 
     fn healthy(&self) -> bool {
         self.inner.healthy.load(Ordering::Relaxed)
+    }
+
+    fn announce(
+        &self,
+        info: serde_json::Map<String, Value>,
+        applied: watch::Receiver<u64>,
+        ttl: Duration,
+    ) {
+        tokio::spawn(announce_loop(
+            self.inner.client.clone(),
+            self.inner.cfg.prefix.clone(),
+            info,
+            applied,
+            ttl,
+        ));
+    }
+
+    fn nodes(&self) -> BoxFuture<'_, Result<Option<Vec<Value>>, StoreError>> {
+        self.registry_nodes()
+    }
+}
+
+/// Where node `id` reports: APISIX's `/data_plane/server_info/{id}` under the prefix.
+fn server_info_key(prefix: &str, id: &str) -> String {
+    format!("{prefix}/data_plane/server_info/{id}")
+}
+
+/// Keeps `info` at its server_info key under a lease of `ttl`: granted, written, kept alive every third of the
+/// TTL, rewritten (at most once a second) when `applied` moves. If the lease is lost (etcd unreachable for longer
+/// than the TTL) a new one is granted once etcd answers again. Ends when `applied`'s sender is dropped; the key
+/// then expires with its lease (or at once when the process dies and stops renewing).
+async fn announce_loop(
+    client: Client,
+    prefix: String,
+    mut info: serde_json::Map<String, Value>,
+    mut applied: watch::Receiver<u64>,
+    ttl: Duration,
+) {
+    let key = server_info_key(
+        &prefix,
+        info.get("id").and_then(Value::as_str).unwrap_or(""),
+    );
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let began = tokio::time::Instant::now();
+        match announce_once(&client, &key, &mut info, &mut applied, ttl).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(key, error = %e, "node registry: report lost; retrying");
+                // A registration that held for a while starts its retries from the shortest wait again.
+                if began.elapsed() > ttl {
+                    backoff = Duration::from_millis(100);
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+async fn announce_once(
+    client: &Client,
+    key: &str,
+    info: &mut serde_json::Map<String, Value>,
+    applied: &mut watch::Receiver<u64>,
+    ttl: Duration,
+) -> Result<(), etcd_client::Error> {
+    let mut c = client.clone();
+    if info.get("etcd_version").and_then(Value::as_str) == Some("unknown") {
+        if let Ok(st) = c.status().await {
+            info.insert("etcd_version".into(), Value::from(st.version()));
+        }
+    }
+    let secs = ttl.as_secs().max(1) as i64;
+    let lease = c.lease_grant(secs, None).await?.id();
+    let put = |c: &mut Client, rev: u64| {
+        let body = Value::Object(crate::node::report(info, rev)).to_string();
+        let mut c = c.clone();
+        let key = key.to_owned();
+        async move {
+            c.put(key, body, Some(PutOptions::new().with_lease(lease)))
+                .await
+        }
+    };
+    let rev = *applied.borrow_and_update();
+    put(&mut c, rev).await?;
+    let (mut keeper, mut acks) = c.lease_keep_alive(lease).await?;
+    let mut tick = tokio::time::interval(Duration::from_secs(secs as u64) / 3);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                keeper.keep_alive().await?;
+                match acks.message().await? {
+                    Some(r) if r.ttl() > 0 => {}
+                    _ => return Err(etcd_client::Error::LeaseKeepAliveError("lease expired".into())),
+                }
+            }
+            changed = applied.changed() => {
+                if changed.is_err() {
+                    let _ = c.lease_revoke(lease).await;
+                    return Ok(());
+                }
+                // Throttle: a burst of applies is one report, with the newest revision.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let rev = *applied.borrow_and_update();
+                put(&mut c, rev).await?;
+            }
+        }
+    }
+}
+
+impl EtcdStore {
+    fn registry_nodes(&self) -> BoxFuture<'_, Result<Option<Vec<Value>>, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.inner.client.clone();
+            let resp = c
+                .get(
+                    server_info_key(&self.inner.cfg.prefix, ""),
+                    Some(GetOptions::new().with_prefix()),
+                )
+                .await
+                .map_err(unavailable)?;
+            let mut out = Vec::with_capacity(resp.kvs().len());
+            for kv in resp.kvs() {
+                match serde_json::from_slice::<Value>(kv.value()) {
+                    Ok(v @ Value::Object(_)) => out.push(v),
+                    _ => {
+                        tracing::debug!(key = ?kv.key_str(), "server_info is not a JSON object; skipped")
+                    }
+                }
+            }
+            Ok(Some(out))
+        })
     }
 }
 

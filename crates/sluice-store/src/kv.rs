@@ -159,6 +159,21 @@ pub trait Store: Send + Sync {
     fn data_encryption(&self) -> Arc<DataEncryption> {
         Arc::default()
     }
+    /// Keeps this node's `server_info` (see [`crate::node`]) where other nodes can list it, with
+    /// `applied_revision` following `applied`, until `applied`'s sender is dropped. A store only this process
+    /// uses has nothing to share (the default); etcd keeps a leased key.
+    fn announce(
+        &self,
+        info: serde_json::Map<String, serde_json::Value>,
+        applied: tokio::sync::watch::Receiver<u64>,
+        ttl: std::time::Duration,
+    ) {
+        let _ = (info, applied, ttl);
+    }
+    /// Every live node's `server_info`; `None` when the store keeps no registry (the caller lists itself).
+    fn nodes(&self) -> BoxFuture<'_, Result<Option<Vec<serde_json::Value>>, StoreError>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// A complete candidate configuration derived from the snapshot at `base` plus a commit's ops.

@@ -5,6 +5,7 @@
 pub mod embedded;
 pub mod etcd;
 pub mod kv;
+pub mod node;
 pub mod standalone;
 
 use std::sync::Arc;

@@ -80,6 +80,7 @@ pub fn run(
             Arc::new(|r: &Resources| Snapshot::compile(r, 0).map(|_| ()));
 
         let provider = sluice_store::provider_name(&node).to_owned();
+        let mut server_info = None;
         let (mut rx, store): (ConfigRx, Option<Arc<dyn kv::Store>>) = if provider == "yaml" {
             let stamp = standalone::file_stamp(&resources_path);
             let initial = standalone::load(&resources_path, &check)?;
@@ -95,6 +96,12 @@ pub fn run(
                 sluice_store::open_store(&node, &data_dir, sluice_plugins::registry::secret_fields)
                     .await?;
             seed_if_empty(store.as_ref(), &resources_path, &check).await?;
+            let id = sluice_store::node::node_id(&data_dir)?;
+            server_info = Some(sluice_store::node::server_info(
+                &id,
+                env!("CARGO_PKG_VERSION"),
+                sluice_store::node::unix_now(),
+            ));
             (store.subscribe(), Some(store))
         };
 
@@ -117,6 +124,14 @@ pub fn run(
             .map_err(|e| format!("starting workers: {e}"))?;
         let (applied_tx, applied_rx) = tokio::sync::watch::channel(initial.revision);
         let applier = Applier::new(plugin_state.clone(), gateway.clone());
+        // The node registry (etcd): off the request path, on this runtime; the key lives as long as the applier.
+        if let (Some(store), Some(info)) = (&store, &server_info) {
+            store.announce(
+                info.clone(),
+                applied_rx.clone(),
+                Duration::from_secs(node.sluice.node_ttl.max(1)),
+            );
+        }
         // Active health checks (`checks.active`) probe from this runtime, never from a worker; they stop at shutdown.
         tokio::spawn(gateway.run_health_checks());
         // Live traffic counters: one second closed at a time, for the Admin API's /stats.
@@ -135,6 +150,7 @@ pub fn run(
             applier: applier.clone(),
             applied_rx,
             proxy: crate::dataplane::proxy_target(&addrs),
+            server_info,
             admin: None,
             metrics: None,
             control: None,
@@ -217,6 +233,8 @@ struct Side {
     applied_rx: tokio::sync::watch::Receiver<u64>,
     /// The request tester's target (`crate::dataplane::proxy_target`).
     proxy: Option<std::net::SocketAddr>,
+    /// This node's `server_info` (see `sluice_store::node`), for `/apisix/admin/nodes`.
+    server_info: Option<serde_json::Map<String, Value>>,
     admin: Served,
     metrics: Served,
     control: Served,
@@ -374,6 +392,7 @@ impl Side {
             Arc::new(RegistryCatalog),
             self.applied_rx.clone(),
         )
+        .with_server_info(self.server_info.clone().unwrap_or_default())
         .with_data_plane(Arc::new(crate::dataplane::GatewayPlane {
             gateway: self.gateway.clone(),
             config: self.rx.clone(),

@@ -1,5 +1,6 @@
-// Upstream node health (Sluice mirrors the control API's /v1/healthcheck at /apisix/admin/healthcheck) and the
-// node's written vs applied revision (/apisix/admin/status). Refreshed every 2 s.
+// Upstream node health (Sluice mirrors the control API's /v1/healthcheck at /apisix/admin/healthcheck), the
+// node's written vs applied revision (/apisix/admin/status) and every gateway node (/apisix/admin/nodes: the etcd
+// node registry, or this node with the embedded store). Refreshed every 2 s.
 import { useEffect, useState } from "react";
 import { api, ApiError } from "../api";
 
@@ -8,6 +9,15 @@ interface Node {
   port: number;
   status: string;
   counter?: Record<string, number>;
+}
+interface GatewayNode {
+  id: string;
+  hostname?: string;
+  version?: string;
+  boot_time?: number;
+  last_report_time?: number;
+  applied_revision?: number;
+  alive?: boolean;
 }
 interface Checker {
   name: string;
@@ -18,6 +28,8 @@ interface Checker {
 export function Health() {
   const [status, setStatus] = useState<any>(null);
   const [checks, setChecks] = useState<Checker[] | null>(null);
+  const [nodes, setNodes] = useState<GatewayNode[] | null>(null);
+  const [nodesNote, setNodesNote] = useState<string | null>(null);
   const [note, setNote] = useState<string | null>(null);
   const [error, setError] = useState<string | null>(null);
 
@@ -29,6 +41,13 @@ export function Health() {
         setError(null);
       } catch (e) {
         setError(String((e as Error).message));
+      }
+      try {
+        const r = await api("GET", "/nodes");
+        setNodes(Array.isArray(r.data?.list) ? r.data.list : []);
+        setNodesNote(null);
+      } catch (e) {
+        setNodesNote(e instanceof ApiError && e.status === 404 ? "This gateway has no /apisix/admin/nodes endpoint." : String((e as Error).message));
       }
       try {
         const r = await api("GET", "/healthcheck");
@@ -70,6 +89,36 @@ export function Health() {
           </tbody>
         </table>
       )}
+      <h2>Gateway nodes</h2>
+      {nodesNote && <p className="muted">{nodesNote}</p>}
+      {nodes && (
+        <table className="list" data-testid="nodes">
+          <thead>
+            <tr><th>id</th><th>hostname</th><th>version</th><th>boot time</th><th>last report</th><th>applied revision</th></tr>
+          </thead>
+          <tbody>
+            {nodes.map((n) => (
+              <tr key={n.id} data-testid={`node-${n.id}`}>
+                <td><code>{n.id}</code></td>
+                <td>{n.hostname ?? ""}</td>
+                <td>{n.version ?? ""}</td>
+                <td>{when(n.boot_time)}</td>
+                <td>{when(n.last_report_time)}</td>
+                <td>
+                  {n.applied_revision ?? "?"}
+                  {status && n.applied_revision !== undefined && " "}
+                  {status && n.applied_revision !== undefined &&
+                    (n.applied_revision >= status.revision ? (
+                      <span className="tag create">current</span>
+                    ) : (
+                      <span className="tag delete">behind {status.revision}</span>
+                    ))}
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
       <h2>Upstream health</h2>
       {note && <p className="muted">{note}</p>}
       {checks && checks.length === 0 && <p className="muted">No upstream has health checks (`checks`) configured.</p>}
@@ -98,4 +147,8 @@ export function Health() {
       )}
     </section>
   );
+}
+
+function when(t?: number): string {
+  return typeof t === "number" && t > 0 ? new Date(t * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") : "";
 }

@@ -261,6 +261,7 @@ pub(crate) const KEYS: &[Key] = &[
     s("sluice.config_poll_interval", Num),
     s("sluice.data_dir", Str),
     s("sluice.pid_file", Str),
+    s("sluice.node_ttl", Int(1, 86400)),
 ];
 
 /// What checking found: errors make the file unusable, warnings name ignored APISIX keys.

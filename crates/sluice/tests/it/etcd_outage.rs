@@ -76,7 +76,7 @@ impl Etcd {
     }
 
     /// SIGKILL: etcd vanishes without a goodbye, as in a crash or a network cut.
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -142,12 +142,17 @@ pub(crate) fn b64(data: &[u8]) -> String {
 
 /// The gateway process (killed on drop) and the addresses a test talks to.
 pub(crate) struct Node {
-    _sluice: Sluice,
+    pub(crate) sluice: Sluice,
     pub(crate) gw: SocketAddr,
     pub(crate) admin: SocketAddr,
 }
 
 pub(crate) async fn start_node(etcd: SocketAddr) -> Node {
+    start_node_with(etcd, "").await
+}
+
+/// As [`start_node`], with `extra` lines (each `  key: value`) added to config.yaml's `sluice:` section.
+pub(crate) async fn start_node_with(etcd: SocketAddr, extra: &str) -> Node {
     let dir = TempDir::new("etcd-node");
     let (port, admin_port) = (free_port(), free_port());
     let cfg = format!(
@@ -158,13 +163,13 @@ pub(crate) async fn start_node(etcd: SocketAddr) -> Node {
          \x20 admin:\n    admin_listen:\n      ip: 127.0.0.1\n      port: {admin_port}\n\
          \x20   admin_key:\n      - name: admin\n        key: {KEY}\n        role: admin\n\
          plugin_attr:\n  prometheus:\n    enable_export_server: false\n\
-         sluice:\n  data_dir: data\n"
+         sluice:\n  data_dir: data\n{extra}"
     );
     std::fs::write(dir.0.join("config.yaml"), cfg).expect("write config.yaml");
     let gw: SocketAddr = ([127, 0, 0, 1], port).into();
     let admin: SocketAddr = ([127, 0, 0, 1], admin_port).into();
     Node {
-        _sluice: Sluice::spawn_in(dir, gw, &[admin]).await,
+        sluice: Sluice::spawn_in(dir, gw, &[admin]).await,
         gw,
         admin,
     }
@@ -191,7 +196,7 @@ fn route(uri: &str, upstream: SocketAddr) -> Value {
 }
 
 /// Polls `check` every 50 ms until it holds, at most `within`.
-async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
+pub(crate) async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,

@@ -12,6 +12,7 @@ mod control;
 mod dashboard;
 mod etcd_outage;
 mod logs;
+mod nodes;
 mod operations;
 mod product_name;
 mod proxy;

@@ -1,0 +1,194 @@
+//! The node registry (issue 18 item 2): two `sluice start` processes on one real etcd each keep a leased
+//! `/apisix/data_plane/server_info/{id}` key (APISIX's shape plus `applied_revision`); `GET /apisix/admin/nodes`
+//! lists both with their applied revisions, a write moves both, registry reports do not make configuration
+//! revisions, and a node killed with SIGKILL leaves the list once its lease (`sluice.node_ttl`) expires. With the
+//! embedded store the one local node is listed.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::etcd_outage::{admin, eventually, start_node_with, Etcd, Node, ETCD};
+use crate::support::process::Sluice;
+use crate::support::Client;
+
+fn node_id(n: &Node) -> String {
+    std::fs::read_to_string(n.sluice.dir.0.join("data/sluice.uid"))
+        .expect("sluice.uid in the data dir")
+        .trim()
+        .to_owned()
+}
+
+async fn nodes(n: &Node) -> Value {
+    let (st, v) = admin(n, "GET", "/apisix/admin/nodes", "").await;
+    assert_eq!(st, 200, "{v}");
+    v
+}
+
+/// The listed nodes' `id -> applied_revision`.
+fn applied(v: &Value) -> Vec<(String, u64)> {
+    v["list"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|n| {
+            (
+                n["id"].as_str().unwrap_or("").to_owned(),
+                n["applied_revision"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_on_etcd_are_listed_with_applied_revisions_and_a_killed_one_expires() {
+    if !std::path::Path::new(ETCD).exists() {
+        crate::support::skip_unless_ci(&format!(
+            "{ETCD} not installed (apt-get install -y etcd-server)"
+        ));
+        return;
+    }
+    let overall = tokio::time::timeout(Duration::from_secs(120), async {
+        let mut etcd = Etcd::new();
+        etcd.start().await;
+        let a = start_node_with(etcd.client, "  node_ttl: 2\n").await;
+        let b = start_node_with(etcd.client, "  node_ttl: 2\n").await;
+        let (ida, idb) = (node_id(&a), node_id(&b));
+        assert_ne!(ida, idb);
+
+        // Both nodes, seen from either one, each at the revision its own status reports as applied (a node
+        // that started later loaded a later etcd revision: the other's registry report moved it).
+        let (_, sa) = admin(&a, "GET", "/apisix/admin/status", "").await;
+        let (_, sb) = admin(&b, "GET", "/apisix/admin/status", "").await;
+        let rev0 = sa["applied"].as_u64().expect("applied");
+        let mut want = vec![
+            (ida.clone(), rev0),
+            (idb.clone(), sb["applied"].as_u64().expect("applied")),
+        ];
+        want.sort();
+        for n in [&a, &b] {
+            eventually(Duration::from_secs(15), "both nodes listed", || async {
+                applied(&nodes(n).await) == want
+            })
+            .await;
+        }
+        let v = nodes(&a).await;
+        assert_eq!(v["total"], 2, "{v}");
+        for n in v["list"].as_array().unwrap() {
+            assert_eq!(n["alive"], true, "{n}");
+            assert_eq!(n["version"], env!("CARGO_PKG_VERSION"), "{n}");
+            assert!(n["hostname"].as_str().is_some_and(|h| !h.is_empty()), "{n}");
+            assert!(
+                n["boot_time"].as_u64().is_some_and(|t| t > 1_600_000_000),
+                "{n}"
+            );
+            assert!(n["last_report_time"].as_u64().is_some(), "{n}");
+            assert!(
+                n["etcd_version"]
+                    .as_str()
+                    .is_some_and(|e| e.starts_with('3')),
+                "{n}"
+            );
+        }
+
+        // A write through node a: both nodes report its revision.
+        let body = r#"{"uri": "/nodes-test", "upstream": {"nodes": {"127.0.0.1:1": 1}}}"#;
+        let (st, v) = admin(&a, "PUT", "/apisix/admin/routes/1?wait=applied", body).await;
+        assert_eq!(st, 201, "{v}");
+        let (_, st) = admin(&a, "GET", "/apisix/admin/status", "").await;
+        let rev1 = st["revision"].as_u64().expect("revision");
+        assert!(rev1 > rev0, "{rev1} after {rev0}");
+        let mut want = vec![(ida.clone(), rev1), (idb.clone(), rev1)];
+        want.sort();
+        eventually(
+            Duration::from_secs(15),
+            "both nodes at the write's revision",
+            || async { applied(&nodes(&b).await) == want },
+        )
+        .await;
+
+        // The registry's own writes are not configuration: after reports settle, no new revision was applied.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        for n in [&a, &b] {
+            let (_, st) = admin(n, "GET", "/apisix/admin/status", "").await;
+            assert_eq!(
+                (st["revision"].as_u64(), st["applied"].as_u64()),
+                (Some(rev1), Some(rev1)),
+                "{st}"
+            );
+        }
+
+        // SIGKILL b: no goodbye, its key leaves with the lease (TTL 2 s), a stays.
+        b.sluice.signal("KILL");
+        eventually(
+            Duration::from_secs(20),
+            "killed node gone from the list",
+            || async { applied(&nodes(&a).await) == vec![(ida.clone(), rev1)] },
+        )
+        .await;
+        // a keeps renewing past its own TTL.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(applied(&nodes(&a).await), vec![(ida.clone(), rev1)]);
+        drop(b);
+
+        // etcd away for longer than the TTL (a's lease is lost), then back: a registers again, and stays
+        // listed after its old lease has expired (the key moved to the new lease).
+        etcd.kill();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        etcd.start().await;
+        eventually(
+            Duration::from_secs(20),
+            "node a registered again",
+            || async {
+                let (st, v) = admin(&a, "GET", "/apisix/admin/nodes", "").await;
+                st == 200
+                    && applied(&v)
+                        .iter()
+                        .map(|(id, _)| id.clone())
+                        .collect::<Vec<_>>()
+                        == vec![ida.clone()]
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let ids: Vec<String> = applied(&nodes(&a).await)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(ids, vec![ida.clone()]);
+        drop(etcd);
+    })
+    .await;
+    overall.expect("node registry test timed out after 120 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_lists_the_local_node() {
+    const K: &str = "it-nodes-embedded-key-0123456789";
+    let (gw, admin_addr) = Sluice::start_traditional(None, K, None).await;
+    let id = std::fs::read_to_string(gw.dir.0.join("data/sluice.uid")).expect("sluice.uid");
+    let get = |path: &'static str| async move {
+        let r = Client::connect(admin_addr)
+            .await
+            .request("GET", path, &format!("X-API-KEY: {K}\r\n"), b"")
+            .await;
+        (
+            r.status,
+            serde_json::from_slice::<Value>(&r.body).unwrap_or(Value::Null),
+        )
+    };
+    let (st, v) = get("/apisix/admin/nodes").await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["total"], 1, "{v}");
+    let n = &v["list"][0];
+    assert_eq!(n["id"], id.trim(), "{v}");
+    assert_eq!(n["alive"], true, "{v}");
+    let (_, status) = get("/apisix/admin/status").await;
+    assert_eq!(n["applied_revision"], status["applied"], "{v} {status}");
+    // No key: refused as every read.
+    let r = Client::connect(admin_addr)
+        .await
+        .get("/apisix/admin/nodes")
+        .await;
+    assert_eq!(r.status, 401);
+}
