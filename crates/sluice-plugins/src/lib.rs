@@ -21,6 +21,7 @@ pub mod registry;
 mod shared;
 mod util;
 
+mod api_breaker;
 mod basic_auth;
 mod consumer_restriction;
 mod cors;

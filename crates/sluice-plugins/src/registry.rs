@@ -43,6 +43,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::forward_auth::ENTRY,
     crate::proxy_mirror::ENTRY,
     crate::proxy_rewrite::ENTRY,
+    crate::api_breaker::ENTRY,
     crate::limit_conn::ENTRY,
     crate::limit_count::ENTRY,
     crate::limit_req::ENTRY,

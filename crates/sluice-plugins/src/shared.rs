@@ -28,6 +28,8 @@ pub struct Shared {
     pub(crate) batches: Arc<crate::http_logger::Senders>,
     /// prometheus' metric families.
     pub(crate) metrics: Arc<Metrics>,
+    /// api-breaker's counts per host + URI.
+    pub(crate) breakers: Arc<crate::api_breaker::Breakers>,
 }
 
 impl Shared {

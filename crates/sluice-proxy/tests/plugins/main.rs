@@ -106,6 +106,11 @@ fn serve_origin(mut c: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
                     .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
                     .unwrap_or(0);
                 let slow = req.path.is_some_and(|p| p.starts_with("/slow"));
+                // `?code=NNN` answers NNN (api-breaker's failing upstream).
+                let status = req
+                    .path
+                    .and_then(|p| p.split_once("code=")?.1.get(..3)?.parse::<u16>().ok())
+                    .unwrap_or(200);
                 let mut rec = Seen {
                     method: req.method.unwrap_or("").to_owned(),
                     target: req.path.unwrap_or("").to_owned(),
@@ -133,8 +138,11 @@ fn serve_origin(mut c: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
                 if slow {
                     std::thread::sleep(Duration::from_millis(400));
                 }
-                let resp = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Origin: 1\r\nContent-Length: 6\r\n\r\norigin";
-                if c.write_all(resp).is_err() {
+                let resp = format!(
+                    "HTTP/1.1 {status} {}\r\nContent-Type: text/plain\r\nX-Origin: 1\r\nContent-Length: 6\r\n\r\norigin",
+                    if status == 200 { "OK" } else { "Status" }
+                );
+                if c.write_all(resp.as_bytes()).is_err() {
                     return;
                 }
                 continue;

@@ -501,3 +501,92 @@ fn csrf_double_submit_tokens() {
     );
     assert_eq!(r.status, 401);
 }
+
+/// APISIX t/plugin/api-breaker.t: every `failures`-th unhealthy answer opens the breaker for 2^n seconds (the
+/// upstream is not asked meanwhile), `successes` healthy answers close it and forget the count; counts are per
+/// host + URI (the query is not part of the key).
+#[test]
+fn api_breaker_opens_after_failures_and_closes_after_successes() {
+    let o = Origin::start();
+    let gw = Gw::start(
+        json!({"routes": [route("r1", "/b/*", &o, json!({"api-breaker": {
+            "break_response_code": 502,
+            "break_response_body": "{\"message\":\"breaker open\"}",
+            "break_response_headers": [{"key": "X-Breaker", "value": "open for $uri"}],
+            "unhealthy": {"http_statuses": [500, 503], "failures": 2},
+            "healthy": {"http_statuses": [200], "successes": 2}
+        }}))]}),
+    );
+    assert_eq!(gw.get("/b/x?code=500", &[]).status, 500);
+    assert_eq!(
+        gw.get("/b/y?code=500", &[]).status,
+        500,
+        "another URI is counted apart"
+    );
+    assert_eq!(
+        gw.get("/b/x?code=503", &[]).status,
+        503,
+        "the 2nd failure opens the breaker"
+    );
+    let seen = o.count();
+    let r = gw.get("/b/x", &[]);
+    assert_eq!(
+        (r.status, r.body.as_str(), r.header("x-breaker")),
+        (502, "{\"message\":\"breaker open\"}", Some("open for /b/x"))
+    );
+    assert_eq!(o.count(), seen, "an open breaker does not ask the upstream");
+    assert_eq!(gw.get("/b/y", &[]).status, 200, "/b/y had one failure only");
+    // 2^1 seconds later requests go through again (APISIX's check is `opened + 2 >= now`, in whole seconds).
+    let waited = std::time::Instant::now();
+    while gw.get("/b/x", &[]).status == 502 {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(10),
+            "the breaker never let a request through"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // That request succeeded: one success of two. One more closes the breaker and forgets the count, so two new
+    // failures open it for 2 s again, not for 4.
+    assert_eq!(gw.get("/b/x", &[]).status, 200);
+    assert_eq!(gw.get("/b/x?code=500", &[]).status, 500);
+    assert_eq!(gw.get("/b/x?code=500", &[]).status, 500);
+    assert_eq!(
+        gw.get("/b/x", &[]).status,
+        502,
+        "open again after two more failures"
+    );
+    let reopened = std::time::Instant::now();
+    while gw.get("/b/x", &[]).status == 502 {
+        assert!(
+            reopened.elapsed() < std::time::Duration::from_secs(10),
+            "stuck open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert!(
+        reopened.elapsed() < std::time::Duration::from_millis(3900),
+        "2 s after a reset, not 4: {:?}",
+        reopened.elapsed()
+    );
+    drop(gw);
+
+    let gw = one(&o, json!({"api-breaker": {"break_response_code": 599}}));
+    for _ in 0..3 {
+        assert_eq!(gw.get("/hello", &[]).status, 200);
+    }
+    let bad = [
+        json!({}),
+        json!({"break_response_code": 199}),
+        json!({"break_response_code": 502, "max_breaker_sec": 2}),
+        json!({"break_response_code": 502, "unhealthy": {"http_statuses": [404]}}),
+        json!({"break_response_code": 502, "healthy": {"http_statuses": [500]}}),
+        json!({"break_response_code": 502, "break_response_headers": [{"key": "x"}]}),
+    ];
+    for b in bad {
+        let r = route("r1", "/hello", &o, json!({"api-breaker": b}));
+        assert!(
+            Gw::try_start(json!({"routes": [r]})).is_err(),
+            "{b} must be refused"
+        );
+    }
+}
