@@ -498,53 +498,21 @@ fn h2_post(
     headers: &[(&str, &str)],
     body: Vec<u8>,
 ) -> Result<Answer, String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        let fut = async {
-            let tcp = tokio::net::TcpStream::connect(addr)
-                .await
-                .map_err(|e| format!("connect {addr}: {e}"))?;
-            let (send, conn) = h2::client::handshake(tcp)
-                .await
-                .map_err(|e| format!("h2c handshake: {e}"))?;
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            let mut b = http::Request::post(format!("http://{addr}{path}"));
-            for (k, v) in headers {
-                b = b.header(*k, *v);
-            }
-            let req = b.body(()).map_err(|e| e.to_string())?;
-            let mut send = send.ready().await.map_err(|e| e.to_string())?;
-            let (resp, mut stream) = send.send_request(req, false).map_err(|e| e.to_string())?;
-            stream
-                .send_data(bytes::Bytes::from(body), true)
-                .map_err(|e| e.to_string())?;
-            let resp = resp.await.map_err(|e| e.to_string())?;
-            let status = resp.status().as_u16();
-            let grpc = |h: &http::HeaderMap| {
-                h.get("grpc-status")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string)
-            };
-            let in_head = grpc(resp.headers());
-            let mut rb = resp.into_body();
-            let mut out = Vec::new();
-            while let Some(d) = rb.data().await {
-                let d = d.map_err(|e| e.to_string())?;
-                let _ = rb.flow_control().release_capacity(d.len());
-                out.extend_from_slice(&d);
-            }
-            let trailers = rb.trailers().await.map_err(|e| e.to_string())?;
-            Ok::<Answer, String>((status, out, trailers.as_ref().and_then(grpc).or(in_head)))
-        };
-        tokio::time::timeout(Duration::from_secs(5), fut)
-            .await
-            .map_err(|_| format!("h2c POST {path} timed out"))?
-    })
+    let a = crate::procs::h2c_exchange(
+        addr,
+        http::Method::POST,
+        path,
+        headers.iter().copied(),
+        Some(body),
+        Duration::from_secs(5),
+    )?;
+    let grpc = |h: &http::HeaderMap| {
+        h.get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let status = a.trailers.as_ref().and_then(grpc).or_else(|| grpc(&a.head));
+    Ok((a.status, a.body, status))
 }
 
 /// One HTTP/1.1 POST with `Connection: close`; the answer must be framed by Content-Length.

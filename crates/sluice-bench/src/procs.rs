@@ -144,16 +144,34 @@ pub fn probe_head(
     Ok((code, String::from_utf8_lossy(&head).to_ascii_lowercase()))
 }
 
-/// One h2c (prior knowledge) `GET`; returns the status code.
-pub fn probe_h2c(
+/// What one h2c exchange got back: status, head, body and trailers.
+pub struct H2Answer {
+    pub status: u16,
+    pub head: http::HeaderMap,
+    pub body: Vec<u8>,
+    pub trailers: Option<http::HeaderMap>,
+}
+
+/// One h2c (prior knowledge) request on a fresh connection, the whole answer read, within `limit`.
+pub fn h2c_exchange<'a>(
     addr: SocketAddr,
+    method: http::Method,
     path: &str,
-    headers: &[(String, String)],
-) -> Result<u16, String> {
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+    body: Option<Vec<u8>>,
+    limit: Duration,
+) -> Result<H2Answer, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
+    let mut b = http::Request::builder()
+        .method(method.clone())
+        .uri(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        b = b.header(k, v);
+    }
+    let req = b.body(()).map_err(|e| e.to_string())?;
     rt.block_on(async {
         let fut = async {
             let tcp = tokio::net::TcpStream::connect(addr)
@@ -165,20 +183,53 @@ pub fn probe_h2c(
             tokio::spawn(async move {
                 let _ = conn.await;
             });
-            let mut b = http::Request::get(format!("http://{addr}{path}"));
-            for (k, v) in headers {
-                b = b.header(k.as_str(), v.as_str());
-            }
-            let req = b.body(()).map_err(|e| e.to_string())?;
             let mut send = send.ready().await.map_err(|e| e.to_string())?;
-            let (resp, _) = send.send_request(req, true).map_err(|e| e.to_string())?;
+            let (resp, mut stream) = send
+                .send_request(req, body.is_none())
+                .map_err(|e| e.to_string())?;
+            if let Some(body) = body {
+                stream
+                    .send_data(bytes::Bytes::from(body), true)
+                    .map_err(|e| e.to_string())?;
+            }
             let resp = resp.await.map_err(|e| e.to_string())?;
-            Ok::<u16, String>(resp.status().as_u16())
+            let (parts, mut rb) = resp.into_parts();
+            let mut out = Vec::new();
+            while let Some(d) = rb.data().await {
+                let d = d.map_err(|e| e.to_string())?;
+                let _ = rb.flow_control().release_capacity(d.len());
+                out.extend_from_slice(&d);
+            }
+            let trailers = rb.trailers().await.map_err(|e| e.to_string())?;
+            Ok::<H2Answer, String>(H2Answer {
+                status: parts.status.as_u16(),
+                head: parts.headers,
+                body: out,
+                trailers,
+            })
         };
-        tokio::time::timeout(Duration::from_secs(3), fut)
+        tokio::time::timeout(limit, fut)
             .await
-            .map_err(|_| "h2c probe timed out".to_string())?
+            .map_err(|_| format!("h2c {method} {path} timed out"))?
     })
+}
+
+/// One h2c (prior knowledge) `GET`; returns the status code.
+pub fn probe_h2c(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<u16, String> {
+    let headers = headers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    h2c_exchange(
+        addr,
+        http::Method::GET,
+        path,
+        headers,
+        None,
+        Duration::from_secs(3),
+    )
+    .map(|a| a.status)
 }
 
 /// Polls `path` until it answers 200, the process exits, or `limit` passes. Err carries the last
