@@ -226,9 +226,11 @@ async fn outage_keeps_last_config_then_resyncs() {
     raw.put("/apisix/routes/2", r#"{"uri":"/b","plugins":{}}"#, None)
         .await
         .unwrap();
-    until("store resyncs", || {
-        s.healthy() && s.snapshot().get("routes/2").is_some()
+    // What subscribers see is what counts: the snapshot map is updated a moment before it is published.
+    until("store resyncs and publishes", || {
+        s.healthy()
+            && s.snapshot().get("routes/2").is_some()
+            && s.subscribe().borrow().resources.routes.len() == 2
     })
     .await;
-    assert_eq!(s.subscribe().borrow().resources.routes.len(), 2);
 }
