@@ -32,7 +32,7 @@ pub const NAME: &str = "dubbo-proxy";
 pub const PRIORITY: i32 = 507;
 
 /// APISIX's default `upstream_multiplex_count`.
-const DEFAULT_MULTIPLEX: usize = 32;
+pub(crate) const DEFAULT_MULTIPLEX: usize = 32;
 
 pub(crate) const ENTRY: Entry = Entry {
     name: NAME,

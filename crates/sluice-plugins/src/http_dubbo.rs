@@ -22,7 +22,8 @@ use crate::{CallFailure, CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin, Respon
 pub const NAME: &str = "http-dubbo";
 pub const PRIORITY: i32 = 504;
 
-const MULTIPLEX: usize = 32;
+/// Requests in flight per provider connection: dubbo-proxy's default, since both share its connections.
+const MULTIPLEX: usize = crate::dubbo_proxy::DEFAULT_MULTIPLEX;
 
 pub(crate) const ENTRY: Entry = Entry {
     name: NAME,
