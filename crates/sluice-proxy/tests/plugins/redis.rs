@@ -72,11 +72,23 @@ fn ping(port: u16) -> bool {
 }
 
 pub(crate) fn start_redis(cluster: bool) -> Redis {
-    start_redis_on(free_port(), cluster)
+    // A port found free may be taken by a parallel test before redis-server binds it (in cluster mode its bus
+    // port too): such a server exits at once, and another port is tried.
+    for _ in 0..5 {
+        if let Some(r) = try_start_redis_on(free_port(), cluster) {
+            return r;
+        }
+    }
+    panic!("redis-server did not start on 5 ports");
 }
 
 /// A redis-server on 127.0.0.1:`port`.
 pub(crate) fn start_redis_on(port: u16, cluster: bool) -> Redis {
+    try_start_redis_on(port, cluster).expect("redis-server exited at start")
+}
+
+/// [`start_redis_on`], `None` when the server exits before it answers (its port was taken).
+fn try_start_redis_on(port: u16, cluster: bool) -> Option<Redis> {
     let dir = std::env::temp_dir().join(format!("sluice-redis-{port}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut cmd = Command::new("redis-server");
@@ -103,20 +115,23 @@ pub(crate) fn start_redis_on(port: u16, cluster: bool) -> Redis {
         ]);
     }
     let child = cmd.spawn().expect("spawn redis-server");
-    let r = Redis {
+    let mut r = Redis {
         port,
         child,
         _dir: TempDir(dir),
     };
     let t0 = Instant::now();
     while !ping(port) {
+        if r.child.try_wait().ok().flatten().is_some() {
+            return None;
+        }
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "redis-server did not start"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    r
+    Some(r)
 }
 
 pub(crate) fn start_cluster() -> Vec<Redis> {
