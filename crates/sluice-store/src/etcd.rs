@@ -226,6 +226,11 @@ impl Inner {
                     msg.cancel_reason()
                 ));
             }
+            // The creation reply carries the cluster's current revision, but the events from `from` come
+            // after it: counting it as seen would let a commit return before its own event is applied.
+            if msg.created() && msg.events().is_empty() {
+                continue;
+            }
             let revision = msg.header().map_or(0, |h| h.revision()).max(0) as u64;
             // Only resource keys make a new configuration: node registry reports (every node's, every second
             // while revisions move) would otherwise be published and applied as new revisions, and the applied
