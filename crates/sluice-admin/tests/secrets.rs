@@ -588,6 +588,7 @@ async fn etcd_holds_ciphertext_and_apisix_written_values_read_the_same() {
         endpoints: vec![etcd.url.clone()],
         prefix: "/apisix".into(),
         timeout: Duration::from_secs(2),
+        last_known_good: None,
     };
     let store = sluice_store::etcd::EtcdStore::connect_with(cfg, de(&[K1]))
         .await

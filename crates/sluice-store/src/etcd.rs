@@ -5,8 +5,13 @@
 //! revision. On any error (etcd gone, watch cancelled, compaction) it marks the store unhealthy, keeps the last
 //! configuration (the data plane never sees a partial one), retries with capped exponential backoff, and
 //! resynchronises fully on return. Writes are single etcd transactions guarded by mod-revision compares.
+//! With `last_known_good` set (the binary sets it to `<data dir>/etcd-last-known-good.json`), the applied key
+//! space is also copied to a local file (at most once a second, atomically, values as stored so secret fields stay
+//! encrypted), and a node that starts while etcd is unreachable serves that copy and catches up when etcd returns.
 //! Not here: etcd TLS/auth (plain http endpoints only) and history (etcd compacts it; see docs/admin-api.md).
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -31,6 +36,8 @@ pub struct EtcdConfig {
     pub endpoints: Vec<String>,
     pub prefix: String,
     pub timeout: Duration,
+    /// Where the last applied key space is copied, to start from it while etcd is unreachable.
+    pub last_known_good: Option<PathBuf>,
 }
 
 impl EtcdConfig {
@@ -59,6 +66,7 @@ impl EtcdConfig {
             endpoints,
             prefix,
             timeout: Duration::from_secs_f64(timeout.max(0.1)),
+            last_known_good: None,
         })
     }
 }
@@ -84,8 +92,9 @@ fn unavailable<E: std::fmt::Display>(e: E) -> StoreError {
 }
 
 impl EtcdStore {
-    /// Connects, loads everything under the prefix, and starts the watch task. Fails when etcd is unreachable
-    /// at startup (as APISIX does); later outages are survived.
+    /// Connects, loads everything under the prefix, and starts the watch task. When etcd is unreachable at
+    /// startup this fails (as APISIX does), unless `cfg.last_known_good` holds a copy for this prefix: then the
+    /// store starts from it, unhealthy, and resynchronises when etcd answers. Later outages are survived either way.
     pub async fn connect(cfg: EtcdConfig) -> Result<EtcdStore, StoreError> {
         EtcdStore::connect_with(cfg, Arc::default()).await
     }
@@ -104,6 +113,7 @@ impl EtcdStore {
             .map_err(unavailable)?;
         let (tx, _) = watch::channel(Arc::new(Versioned::default()));
         let (seen, _) = watch::channel(0);
+        let lkg = cfg.last_known_good.clone();
         let inner = Arc::new(Inner {
             cfg,
             client,
@@ -113,9 +123,115 @@ impl EtcdStore {
             seen,
             de,
         });
-        let rev = inner.full_sync().await?;
-        tokio::spawn(sync_loop(Arc::downgrade(&inner), rev));
+        let mut written = 0;
+        let start = match inner.full_sync().await {
+            Ok(rev) => Some(rev),
+            Err(e) => {
+                let Some(path) = &lkg else { return Err(e) };
+                let snap = match read_last_known_good(path, &inner.cfg.prefix) {
+                    Ok(Some(snap)) => snap,
+                    Ok(None) => return Err(e),
+                    Err(why) => {
+                        return Err(StoreError::Unavailable(format!(
+                            "{e}; and the last known good copy {} cannot be used: {why}",
+                            path.display()
+                        )))
+                    }
+                };
+                tracing::warn!(
+                    error = %e,
+                    file = %path.display(),
+                    revision = snap.revision,
+                    "etcd unreachable at start; serving the last known good configuration until it answers"
+                );
+                written = snap.revision;
+                inner.publish(snap, None);
+                None
+            }
+        };
+        tokio::spawn(sync_loop(Arc::downgrade(&inner), start));
+        if let Some(path) = lkg {
+            tokio::spawn(keep_last_known_good(Arc::downgrade(&inner), path, written));
+        }
         Ok(EtcdStore { inner })
+    }
+}
+
+/// The last-known-good file: the key space as stored in etcd under `prefix`, at `revision`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct LastKnownGood {
+    prefix: String,
+    revision: u64,
+    entries: BTreeMap<String, Entry>,
+}
+
+/// `Ok(None)`: no file. A file for another prefix or that does not parse is an error, never a silent empty start.
+fn read_last_known_good(path: &Path, prefix: &str) -> Result<Option<Snapshot>, String> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let lkg: LastKnownGood = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    if lkg.prefix != prefix {
+        return Err(format!(
+            "it holds prefix {:?}, this node uses {prefix:?}",
+            lkg.prefix
+        ));
+    }
+    Ok(Some(Snapshot {
+        revision: lkg.revision,
+        entries: lkg.entries,
+    }))
+}
+
+/// Written to a temporary file, synced, then renamed over the old copy: a crash leaves the old or the new one.
+fn write_last_known_good(path: &Path, prefix: &str, snap: &Snapshot) -> std::io::Result<()> {
+    use std::io::Write;
+    let body = serde_json::to_vec(&LastKnownGood {
+        prefix: prefix.to_owned(),
+        revision: snap.revision,
+        entries: snap.entries.clone(),
+    })?;
+    let tmp = path.with_extension("json.tmp");
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts.open(&tmp)?;
+    f.write_all(&body)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Copies each configuration the watch publishes to `path`, at most once a second, off the runtime's threads.
+/// `written`: the revision the file already holds (the store started from it), else 0.
+async fn keep_last_known_good(inner: std::sync::Weak<Inner>, path: PathBuf, mut written: u64) {
+    let Some(mut rx) = inner.upgrade().map(|me| me.tx.subscribe()) else {
+        return;
+    };
+    loop {
+        let Some(me) = inner.upgrade() else { return };
+        let snap = me.current();
+        let prefix = me.cfg.prefix.clone();
+        drop(me);
+        if snap.revision != written {
+            let p = path.clone();
+            let rev = snap.revision;
+            match tokio::task::spawn_blocking(move || write_last_known_good(&p, &prefix, &snap))
+                .await
+            {
+                Ok(Ok(())) => written = rev,
+                Ok(Err(e)) => {
+                    tracing::warn!(file = %path.display(), error = %e, "last known good copy not written")
+                }
+                Err(_) => return,
+            }
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -283,22 +399,25 @@ impl Inner {
     }
 }
 
-/// Watch, and on failure back off (100 ms doubling to 5 s) and resync fully. Ends when the store is dropped.
-async fn sync_loop(inner: std::sync::Weak<Inner>, mut rev: i64) {
+/// Watch, and on failure back off (100 ms doubling to 5 s) and resync fully; `None` starts with the resync (the
+/// store started from its last known good copy). Ends when the store is dropped.
+async fn sync_loop(inner: std::sync::Weak<Inner>, start: Option<i64>) {
     let mut backoff = Duration::from_millis(100);
+    let mut rev = start;
     loop {
-        let Some(me) = inner.upgrade() else { return };
-        let err = me.follow(rev).await;
-        me.healthy.store(false, Ordering::Relaxed);
-        tracing::warn!(error = %err, "etcd watch lost; keeping the last configuration and retrying");
-        drop(me);
+        if let Some(from) = rev {
+            let Some(me) = inner.upgrade() else { return };
+            let err = me.follow(from).await;
+            me.healthy.store(false, Ordering::Relaxed);
+            tracing::warn!(error = %err, "etcd watch lost; keeping the last configuration and retrying");
+        }
         loop {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
             let Some(me) = inner.upgrade() else { return };
             match me.full_sync().await {
                 Ok(r) => {
-                    rev = r;
+                    rev = Some(r);
                     backoff = Duration::from_millis(100);
                     tracing::info!(revision = r, "etcd resynchronised");
                     break;

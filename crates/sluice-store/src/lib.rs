@@ -108,7 +108,8 @@ pub async fn open_store(
             .map(|s| Arc::new(s) as Arc<dyn kv::Store>)
             .map_err(|e| e.to_string()),
         "etcd" => {
-            let ec = etcd::EtcdConfig::from_node_config(cfg)?;
+            let mut ec = etcd::EtcdConfig::from_node_config(cfg)?;
+            ec.last_known_good = Some(data_dir.join("etcd-last-known-good.json"));
             etcd::EtcdStore::connect_with(ec, de)
                 .await
                 .map(|s| Arc::new(s) as Arc<dyn kv::Store>)

@@ -524,7 +524,9 @@ async fn seed_if_empty(
     path: &Path,
     check: &standalone::Checker,
 ) -> Result<(), String> {
-    if !store.snapshot().entries.is_empty() || !path.exists() {
+    // A store serving its last known good copy (etcd down at start) cannot take writes: seeding waits for a
+    // start with the store reachable.
+    if !store.snapshot().entries.is_empty() || !path.exists() || !store.healthy() {
         return Ok(());
     }
     let text =

@@ -79,6 +79,7 @@ impl Etcd {
             endpoints: vec![self.url.clone()],
             prefix: "/apisix".into(),
             timeout: Duration::from_secs(2),
+            last_known_good: None,
         };
         for _ in 0..100 {
             if let Ok(s) = EtcdStore::connect(cfg.clone()).await {

@@ -83,6 +83,7 @@ impl Etcd {
             endpoints: vec![self.url()],
             prefix: "/apisix".into(),
             timeout: Duration::from_secs(2),
+            last_known_good: None,
         }
     }
 
@@ -233,4 +234,120 @@ async fn outage_keeps_last_config_then_resyncs() {
             && s.subscribe().borrow().resources.routes.len() == 2
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_from_last_known_good_while_etcd_is_down_then_catches_up() {
+    let Some(mut etcd) = Etcd::start("lkg") else {
+        return;
+    };
+    let file = etcd.dir.with_extension("lkg.json");
+    let _ = std::fs::remove_file(&file);
+    let cfg = EtcdConfig {
+        last_known_good: Some(file.clone()),
+        ..etcd.cfg()
+    };
+    let s = {
+        let mut n = 0;
+        loop {
+            match EtcdStore::connect(cfg.clone()).await {
+                Ok(s) => break s,
+                Err(_) if n < 100 => n += 1,
+                Err(e) => panic!("etcd did not come up: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let rev = s
+        .commit(vec![Op::Put {
+            key: "routes/1".into(),
+            value: json!({"uri": "/a", "plugins": {}}),
+            expect_mod: None,
+        }])
+        .await
+        .unwrap();
+    let on_disk = || {
+        read_last_known_good(&file, "/apisix")
+            .ok()
+            .flatten()
+            .is_some_and(|snap| snap.revision >= rev && snap.entries.contains_key("routes/1"))
+    };
+    until("the copy is written", on_disk).await;
+    drop(s);
+    etcd.stop();
+
+    // Unreachable, no usable copy: refused as before, naming why.
+    let no_copy = EtcdConfig {
+        last_known_good: Some(etcd.dir.with_extension("absent.json")),
+        ..etcd.cfg()
+    };
+    assert!(EtcdStore::connect(no_copy).await.is_err());
+    let other = EtcdConfig {
+        prefix: "/other".into(),
+        ..cfg.clone()
+    };
+    let err = EtcdStore::connect(other).await.err().expect("wrong prefix");
+    assert!(err.to_string().contains("prefix"), "{err}");
+
+    // Unreachable with the copy: serves it, unhealthy, writes refused.
+    let s = EtcdStore::connect(cfg.clone())
+        .await
+        .expect("starts from the copy");
+    assert!(!s.healthy());
+    let rx = s.subscribe();
+    assert_eq!(rx.borrow().resources.routes.len(), 1);
+    assert_eq!(rx.borrow().resources.routes[0].uri.as_deref(), Some("/a"));
+    let err = s
+        .commit(vec![Op::Delete {
+            key: "routes/1".into(),
+            expect_mod: None,
+        }])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)));
+
+    // etcd returns with a change made meanwhile: caught up, and the copy follows.
+    etcd.spawn();
+    let mut raw = loop {
+        if let Ok(mut c) = Client::connect([etcd.url()], None).await {
+            if c.get("x", None).await.is_ok() {
+                break c;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    raw.put("/apisix/routes/2", r#"{"uri":"/b","plugins":{}}"#, None)
+        .await
+        .unwrap();
+    until("store catches up and publishes", || {
+        s.healthy() && s.subscribe().borrow().resources.routes.len() == 2
+    })
+    .await;
+    until("the copy follows", || {
+        read_last_known_good(&file, "/apisix")
+            .ok()
+            .flatten()
+            .is_some_and(|snap| snap.entries.contains_key("routes/2"))
+    })
+    .await;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "the copy is private to its owner");
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn a_corrupt_copy_is_an_error_not_an_empty_start() {
+    let dir = std::env::temp_dir().join(format!("sluice-lkg-corrupt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("c.json");
+    std::fs::write(&f, b"{\"prefix\":\"/apisix\",\"revision\":3,\"entries\":{").unwrap();
+    assert!(read_last_known_good(&f, "/apisix").is_err());
+    assert!(read_last_known_good(&dir.join("none.json"), "/apisix")
+        .unwrap()
+        .is_none());
+    let _ = std::fs::remove_dir_all(&dir);
 }

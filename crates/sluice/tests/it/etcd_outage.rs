@@ -191,7 +191,7 @@ pub(crate) async fn admin(node: &Node, method: &str, path: &str, body: &str) -> 
     )
 }
 
-fn route(uri: &str, upstream: SocketAddr) -> Value {
+pub(crate) fn route(uri: &str, upstream: SocketAddr) -> Value {
     json!({"uri": uri, "upstream": {"type": "roundrobin", "nodes": {upstream.to_string(): 1}}})
 }
 

@@ -2,14 +2,15 @@
 //! `/apisix/data_plane/server_info/{id}` key (APISIX's shape plus `applied_revision`); `GET /apisix/admin/nodes`
 //! lists both with their applied revisions, a write moves both, registry reports do not make configuration
 //! revisions, and a node killed with SIGKILL leaves the list once its lease (`sluice.node_ttl`) expires. With the
-//! embedded store the one local node is listed.
+//! embedded store the one local node is listed. A node that starts while etcd is down serves its last known good
+//! copy and catches up when etcd returns.
 
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::etcd_outage::{admin, eventually, start_node_with, Etcd, Node, ETCD};
-use crate::support::process::Sluice;
+use crate::etcd_outage::{admin, eventually, route, start_node, start_node_with, Etcd, Node, ETCD};
+use crate::support::process::{Mock, Sluice};
 use crate::support::Client;
 
 fn node_id(n: &Node) -> String {
@@ -191,4 +192,58 @@ async fn embedded_store_lists_the_local_node() {
         .get("/apisix/admin/nodes")
         .await;
     assert_eq!(r.status, 401);
+}
+
+async fn status_of(n: &Node, path: &str) -> u16 {
+    match Client::try_connect(n.gw).await {
+        Ok(mut c) => c.get(path).await.status,
+        Err(_) => 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_starts_from_its_last_known_good_copy_while_etcd_is_down() {
+    if !std::path::Path::new(ETCD).exists() {
+        crate::support::skip_unless_ci(&format!(
+            "{ETCD} not installed (apt-get install -y etcd-server)"
+        ));
+        return;
+    }
+    let overall = tokio::time::timeout(Duration::from_secs(120), async {
+        let mock = Mock::start(5).await;
+        let mut etcd = Etcd::new();
+        etcd.start().await;
+        let mut node = start_node(etcd.client).await;
+        let body = route("/lkg", mock.addr).to_string();
+        let (st, v) = admin(&node, "PUT", "/apisix/admin/routes/1?wait=applied", &body).await;
+        assert_eq!(st, 201, "{v}");
+        assert_eq!(status_of(&node, "/lkg").await, 200);
+        let copy = node.sluice.dir.0.join("data/etcd-last-known-good.json");
+        eventually(Duration::from_secs(10), "the copy holds the route", || {
+            let copy = copy.clone();
+            async move { std::fs::read_to_string(&copy).is_ok_and(|t| t.contains("/lkg")) }
+        })
+        .await;
+
+        // etcd gone, node restarted: it starts (it used to exit 1), serves the copy, refuses writes.
+        etcd.kill();
+        node.sluice.restart(&[node.admin]).await;
+        assert_eq!(status_of(&node, "/lkg").await, 200);
+        let (st, v) = admin(&node, "PUT", "/apisix/admin/routes/3", &body).await;
+        assert_eq!(st, 503, "{v}");
+
+        // etcd back with a change made meanwhile: caught up.
+        etcd.start().await;
+        etcd.put("/apisix/routes/2", &route("/later", mock.addr))
+            .await;
+        let n = &node;
+        eventually(
+            Duration::from_secs(30),
+            "the node catches up",
+            move || async move { status_of(n, "/later").await == 200 },
+        )
+        .await;
+        assert_eq!(status_of(&node, "/lkg").await, 200);
+    });
+    overall.await.expect("bounded");
 }

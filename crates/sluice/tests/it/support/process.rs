@@ -153,6 +153,18 @@ impl Sluice {
         Sluice { child, addr, dir }
     }
 
+    /// Kills the process (SIGKILL) and starts it again on the same directory, waiting as [`Sluice::spawn_in`].
+    pub async fn restart(&mut self, also: &[SocketAddr]) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn_start(&self.dir);
+        for a in std::iter::once(self.addr).chain(also.iter().copied()) {
+            if let Err(e) = wait_listening(a, &mut self.child).await {
+                panic!("sluice restarted on {a}: {e}");
+            }
+        }
+    }
+
     pub fn write_config(&self, apisix_yaml: &str) {
         let tmp = self.dir.0.join("apisix.yaml.tmp");
         std::fs::write(&tmp, apisix_yaml).expect("write temp apisix.yaml");
