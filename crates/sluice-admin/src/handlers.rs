@@ -437,14 +437,40 @@ async fn delete(state: &AdminState, req: &Req, t: &Target) -> Reply {
     }
 }
 
+/// How long `?wait=applied` waits, on this node and on the others.
+const WAIT_APPLIED: Duration = Duration::from_secs(10);
+
+/// `?nodes=all|N` (with or without `wait=applied`): the write returns once that many live nodes of the registry
+/// applied it.
+enum WaitNodes {
+    All,
+    AtLeast(usize),
+}
+
+fn wait_nodes(req: &Req) -> Result<Option<WaitNodes>, Reply> {
+    match req.arg("nodes") {
+        None => Ok(None),
+        Some("all") => Ok(Some(WaitNodes::All)),
+        Some(n) => match n.parse::<usize>() {
+            Ok(n @ 1..=10_000) => Ok(Some(WaitNodes::AtLeast(n))),
+            _ => Err(Reply::error(
+                400,
+                format!("invalid nodes {n:?}: expected \"all\" or a number of nodes from 1"),
+            )),
+        },
+    }
+}
+
 /// Dry-runs the complete candidate configuration through the data plane's checker, commits, and with
-/// `?wait=applied` waits until the data plane reports the new revision.
+/// `?wait=applied` waits until the data plane reports the new revision (with `nodes`, until that many nodes do).
 pub(crate) async fn commit(
     state: &AdminState,
     snap: &Snapshot,
     ops: Vec<Op>,
     req: &Req,
 ) -> Result<(), Reply> {
+    // Checked before anything is written: a bad query changes nothing.
+    let nodes = wait_nodes(req)?;
     let resources = candidate_resources(state, snap, &ops);
     let token = (state.checker)(&resources).map_err(|e| Reply::error(400, e))?;
     let prepared = kv::Prepared {
@@ -457,10 +483,10 @@ pub(crate) async fn commit(
         .commit_prepared(ops, prepared)
         .await
         .map_err(store_error)?;
-    if req.arg("wait") == Some("applied") {
+    let deadline = tokio::time::Instant::now() + WAIT_APPLIED;
+    if req.arg("wait") == Some("applied") || nodes.is_some() {
         let mut rx = state.applied.clone();
-        let waited =
-            tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|a| *a >= rev)).await;
+        let waited = tokio::time::timeout_at(deadline, rx.wait_for(|a| *a >= rev)).await;
         if !matches!(waited, Ok(Ok(_))) {
             return Err(Reply::error(
                 504,
@@ -468,7 +494,53 @@ pub(crate) async fn commit(
             ));
         }
     }
+    if let Some(want) = nodes {
+        wait_for_nodes(state, rev, want, deadline).await?;
+    }
     Ok(())
+}
+
+/// Polls the node registry until enough live nodes report `applied_revision >= rev`. A node reports a new
+/// revision as soon as it applied it (then at most once a second), so this takes about one apply plus one etcd
+/// round trip. Without a registry (embedded store) this node is the only one.
+async fn wait_for_nodes(
+    state: &AdminState,
+    rev: u64,
+    want: WaitNodes,
+    deadline: tokio::time::Instant,
+) -> Result<(), Reply> {
+    let mut seen = (0, 0);
+    loop {
+        match state.store.nodes().await {
+            Ok(list) => {
+                let applied = |n: &serde_json::Value| {
+                    n["applied_revision"].as_u64().is_some_and(|a| a >= rev)
+                };
+                seen = match list {
+                    Some(list) => (list.iter().filter(|n| applied(n)).count(), list.len()),
+                    None => (1, 1),
+                };
+                let enough = match want {
+                    WaitNodes::All => seen.0 == seen.1,
+                    WaitNodes::AtLeast(n) => seen.0 >= n,
+                };
+                if enough {
+                    return Ok(());
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "node registry unreadable while waiting"),
+        }
+        if tokio::time::Instant::now() + Duration::from_millis(50) >= deadline {
+            return Err(Reply::error(
+                504,
+                format!(
+                    "revision {rev} was committed; {} of {} live nodes applied it within 10s",
+                    seen.0, seen.1
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The complete configuration after `ops`. When the store's published view is at `snap`'s revision, only the

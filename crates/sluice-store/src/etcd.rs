@@ -626,10 +626,11 @@ async fn announce_once(
                     let _ = c.lease_revoke(lease).await;
                     return Ok(());
                 }
-                // Throttle: a burst of applies is one report, with the newest revision.
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                // At once (`?wait=applied&nodes=` waits on it), then at most one report a second: what is applied
+                // meanwhile goes in the next one.
                 let rev = *applied.borrow_and_update();
                 put(&mut c, rev).await?;
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
     }

@@ -119,6 +119,59 @@ async fn two_nodes_on_etcd_are_listed_with_applied_revisions_and_a_killed_one_ex
             );
         }
 
+        // `nodes=all`: the write returns once both nodes report it, so the registry shows it at once.
+        let body2 = r#"{"uri": "/nodes-test-2", "upstream": {"nodes": {"127.0.0.1:1": 1}}}"#;
+        let (st, v) = admin(
+            &a,
+            "PUT",
+            "/apisix/admin/routes/2?wait=applied&nodes=all",
+            body2,
+        )
+        .await;
+        assert_eq!(st, 201, "{v}");
+        let (_, st) = admin(&a, "GET", "/apisix/admin/status", "").await;
+        let rev2 = st["revision"].as_u64().expect("revision");
+        assert!(rev2 > rev1);
+        let mut want = vec![(ida.clone(), rev2), (idb.clone(), rev2)];
+        want.sort();
+        assert_eq!(
+            applied(&nodes(&a).await),
+            want,
+            "every node applied it when the write returned"
+        );
+        // More nodes than there are: the write is kept, the answer says how many applied it.
+        let (st, v) = admin(&b, "DELETE", "/apisix/admin/routes/2?nodes=3", "").await;
+        assert_eq!(st, 504, "{v}");
+        assert!(
+            v["error_msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("2 of 2 live nodes")),
+            "{v}"
+        );
+        // A bad value is refused before anything is written.
+        for bad in ["0", "-1", "some", "1e3", ""] {
+            let (st, v) = admin(
+                &a,
+                "PUT",
+                &format!("/apisix/admin/routes/9?nodes={bad}"),
+                body2,
+            )
+            .await;
+            assert_eq!(st, 400, "nodes={bad}: {v}");
+        }
+        let (st, _) = admin(&a, "GET", "/apisix/admin/routes/9", "").await;
+        assert_eq!(st, 404, "a refused write changed nothing");
+        let (_, st) = admin(&a, "GET", "/apisix/admin/status", "").await;
+        let rev1 = st["revision"].as_u64().expect("revision");
+        let mut want = vec![(ida.clone(), rev1), (idb.clone(), rev1)];
+        want.sort();
+        eventually(
+            Duration::from_secs(15),
+            "both nodes at the delete",
+            || async { applied(&nodes(&a).await) == want },
+        )
+        .await;
+
         // SIGKILL b: no goodbye, its key leaves with the lease (TTL 2 s), a stays.
         b.sluice.signal("KILL");
         eventually(
