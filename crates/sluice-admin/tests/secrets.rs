@@ -589,6 +589,8 @@ async fn etcd_holds_ciphertext_and_apisix_written_values_read_the_same() {
         prefix: "/apisix".into(),
         timeout: Duration::from_secs(2),
         last_known_good: None,
+        auth: None,
+        tls: Default::default(),
     };
     let store = sluice_store::etcd::EtcdStore::connect_with(cfg, de(&[K1]))
         .await

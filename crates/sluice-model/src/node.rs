@@ -369,6 +369,7 @@ pub struct DeploymentSection {
     pub role: String,
     pub role_data_plane: RoleDataPlane,
     pub role_traditional: RoleTraditional,
+    pub role_control_plane: RoleControlPlane,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -381,6 +382,7 @@ impl Default for DeploymentSection {
             role: "traditional".into(),
             role_data_plane: RoleDataPlane::default(),
             role_traditional: RoleTraditional::default(),
+            role_control_plane: RoleControlPlane::default(),
             admin: None,
             etcd: None,
         }
@@ -413,6 +415,22 @@ impl Default for RoleTraditional {
     fn default() -> Self {
         RoleTraditional {
             config_provider: "embedded".into(),
+        }
+    }
+}
+
+/// `control_plane`: the Admin API on etcd, no proxy listeners (data planes watch the same etcd).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RoleControlPlane {
+    /// `etcd`, the only provider several nodes can share.
+    pub config_provider: String,
+}
+
+impl Default for RoleControlPlane {
+    fn default() -> Self {
+        RoleControlPlane {
+            config_provider: "etcd".into(),
         }
     }
 }

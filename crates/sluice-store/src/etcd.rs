@@ -8,7 +8,10 @@
 //! With `last_known_good` set (the binary sets it to `<data dir>/etcd-last-known-good.json`), the applied key
 //! space is also copied to a local file (at most once a second, atomically, values as stored so secret fields stay
 //! encrypted), and a node that starts while etcd is unreachable serves that copy and catches up when etcd returns.
-//! Not here: etcd TLS/auth (plain http endpoints only) and history (etcd compacts it; see docs/admin-api.md).
+//! `https://` endpoints use TLS (`deployment.etcd.tls`: client certificate for etcd's `--client-cert-auth`, `sni`;
+//! the CA from `apisix.ssl.ssl_trusted_certificate`, else the system's roots), and `deployment.etcd.user` /
+//! `password` authenticate (the client renews its token when etcd expires it).
+//! Not here: history (etcd compacts it; see docs/admin-api.md).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,8 +20,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    PutOptions, TlsOptions, Txn, TxnOp, WatchOptions,
 };
 use serde_json::Value;
 use sluice_model::NodeConfig;
@@ -30,7 +33,8 @@ use crate::kv::{
 };
 use crate::{ConfigRx, ConfigTx, Versioned};
 
-/// `deployment.etcd` as APISIX reads it: `host` list of `http://ip:port`, `prefix`, `timeout` (seconds).
+/// `deployment.etcd` as APISIX reads it: `host` list of `http(s)://ip:port`, `prefix`, `timeout` (seconds),
+/// `user`/`password`, `tls`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EtcdConfig {
     pub endpoints: Vec<String>,
@@ -38,6 +42,31 @@ pub struct EtcdConfig {
     pub timeout: Duration,
     /// Where the last applied key space is copied, to start from it while etcd is unreachable.
     pub last_known_good: Option<PathBuf>,
+    /// `deployment.etcd.user` and `password`.
+    pub auth: Option<(String, Secret)>,
+    /// For `https://` endpoints.
+    pub tls: EtcdTls,
+}
+
+/// TLS towards etcd. PEM contents are read when the configuration is, so a missing file fails the start.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EtcdTls {
+    /// Trusted CAs (`apisix.ssl.ssl_trusted_certificate`); `None`: the system's roots.
+    pub ca: Option<Vec<u8>>,
+    /// Client certificate chain and key (`deployment.etcd.tls.cert` / `key`).
+    pub identity: Option<(Vec<u8>, Secret)>,
+    /// `deployment.etcd.tls.sni`: the name checked in etcd's certificate, instead of the endpoint's host.
+    pub sni: Option<String>,
+}
+
+/// A password or private key: never printed.
+#[derive(Clone, PartialEq)]
+pub struct Secret(pub Vec<u8>);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 impl EtcdConfig {
@@ -62,12 +91,88 @@ impl EtcdConfig {
             .trim_end_matches('/')
             .to_owned();
         let timeout = e.get("timeout").and_then(Value::as_f64).unwrap_or(30.0);
+        let auth =
+            match (e.get("user"), e.get("password")) {
+                (None, None) => None,
+                (Some(Value::String(u)), Some(Value::String(p))) if !u.is_empty() => {
+                    Some((u.clone(), Secret(p.clone().into_bytes())))
+                }
+                _ => return Err(
+                    "deployment.etcd.user and deployment.etcd.password: both strings, or neither"
+                        .into(),
+                ),
+            };
+        let read = |key: &str, path: &str| {
+            std::fs::read(path).map_err(|err| format!("{key}: reading {path}: {err}"))
+        };
+        let t = e.get("tls").cloned().unwrap_or(Value::Null);
+        if t.get("verify") == Some(&Value::Bool(false)) {
+            return Err(
+                "deployment.etcd.tls.verify: false is not supported; give etcd's CA in \
+                        apisix.ssl.ssl_trusted_certificate instead"
+                    .into(),
+            );
+        }
+        let ca = match cfg
+            .apisix
+            .ssl
+            .as_ref()
+            .and_then(|ssl| ssl.get("ssl_trusted_certificate"))
+            .and_then(Value::as_str)
+        {
+            None | Some("system") => None,
+            Some(path) => Some(read("apisix.ssl.ssl_trusted_certificate", path)?),
+        };
+        let identity = match (
+            t.get("cert").and_then(Value::as_str),
+            t.get("key").and_then(Value::as_str),
+        ) {
+            (None, None) => None,
+            (Some(c), Some(k)) => Some((
+                read("deployment.etcd.tls.cert", c)?,
+                Secret(read("deployment.etcd.tls.key", k)?),
+            )),
+            _ => return Err("deployment.etcd.tls: cert and key go together".into()),
+        };
+        let tls = EtcdTls {
+            ca,
+            identity,
+            sni: t.get("sni").and_then(Value::as_str).map(str::to_owned),
+        };
         Ok(EtcdConfig {
             endpoints,
             prefix,
             timeout: Duration::from_secs_f64(timeout.max(0.1)),
             last_known_good: None,
+            auth,
+            tls,
         })
+    }
+
+    fn connect_options(&self) -> ConnectOptions {
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(self.timeout.min(Duration::from_secs(5)))
+            .with_timeout(self.timeout)
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
+        if let Some((user, password)) = &self.auth {
+            opts = opts.with_user(user, String::from_utf8_lossy(&password.0));
+        }
+        if self.endpoints.iter().any(|e| e.starts_with("https://")) {
+            let t = &self.tls;
+            let mut tls = TlsOptions::new();
+            tls = match &t.ca {
+                Some(ca) => tls.ca_certificate(Certificate::from_pem(ca)),
+                None => tls.with_native_roots(),
+            };
+            if let Some((cert, key)) = &t.identity {
+                tls = tls.identity(Identity::from_pem(cert, &key.0));
+            }
+            if let Some(sni) = &t.sni {
+                tls = tls.domain_name(sni);
+            }
+            opts = opts.with_tls(tls);
+        }
+        opts
     }
 }
 
@@ -77,7 +182,8 @@ pub struct EtcdStore {
 
 struct Inner {
     cfg: EtcdConfig,
-    client: Client,
+    /// `None` until etcd first answered: with `user`/`password` connecting authenticates, which needs etcd.
+    client: std::sync::Mutex<Option<Client>>,
     snapshot: RwLock<Arc<Snapshot>>,
     healthy: AtomicBool,
     tx: ConfigTx,
@@ -104,19 +210,18 @@ impl EtcdStore {
         cfg: EtcdConfig,
         de: Arc<DataEncryption>,
     ) -> Result<EtcdStore, StoreError> {
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(cfg.timeout.min(Duration::from_secs(5)))
-            .with_timeout(cfg.timeout)
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
-        let client = Client::connect(&cfg.endpoints, Some(opts))
-            .await
-            .map_err(unavailable)?;
+        // Without credentials this makes no request (the channel connects lazily); with them it authenticates.
+        let client = Client::connect(&cfg.endpoints, Some(cfg.connect_options())).await;
+        let (client, connect_err) = match client {
+            Ok(c) => (Some(c), None),
+            Err(e) => (None, Some(unavailable(e))),
+        };
         let (tx, _) = watch::channel(Arc::new(Versioned::default()));
         let (seen, _) = watch::channel(0);
         let lkg = cfg.last_known_good.clone();
         let inner = Arc::new(Inner {
             cfg,
-            client,
+            client: std::sync::Mutex::new(client),
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             healthy: AtomicBool::new(false),
             tx,
@@ -124,7 +229,11 @@ impl EtcdStore {
             de,
         });
         let mut written = 0;
-        let start = match inner.full_sync().await {
+        let first = match connect_err {
+            Some(e) => Err(e),
+            None => inner.full_sync().await,
+        };
+        let start = match first {
             Ok(rev) => Some(rev),
             Err(e) => {
                 let Some(path) = &lkg else { return Err(e) };
@@ -245,6 +354,23 @@ fn relative(prefix: &str, key: &[u8]) -> Option<String> {
 }
 
 impl Inner {
+    /// The etcd client, connecting (and authenticating) first if that has not succeeded yet.
+    async fn client(&self) -> Result<Client, StoreError> {
+        if let Some(c) = self
+            .client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            return Ok(c.clone());
+        }
+        let c = Client::connect(&self.cfg.endpoints, Some(self.cfg.connect_options()))
+            .await
+            .map_err(unavailable)?;
+        *self.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
+        Ok(c)
+    }
+
     fn current(&self) -> Arc<Snapshot> {
         match self.snapshot.read() {
             Ok(g) => g.clone(),
@@ -281,7 +407,7 @@ impl Inner {
 
     /// Reads the whole prefix and replaces the snapshot; returns the etcd revision it reflects.
     async fn full_sync(&self) -> Result<i64, StoreError> {
-        let mut c = self.client.clone();
+        let mut c = self.client().await?;
         let resp = c
             .get(
                 format!("{}/", self.cfg.prefix),
@@ -321,7 +447,10 @@ impl Inner {
 
     /// Follows the watch from `from` until it fails; returns why.
     async fn follow(&self, from: i64) -> StoreError {
-        let mut c = self.client.clone();
+        let mut c = match self.client().await {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(from + 1);
@@ -459,7 +588,9 @@ impl Store for EtcdStore {
                     Op::Delete { .. } => TxnOp::delete(key, None),
                 });
             }
-            let mut c = inner.client.clone();
+            let mut c = inner.client().await.inspect_err(|_| {
+                inner.healthy.store(false, Ordering::Relaxed);
+            })?;
             let resp = c
                 .txn(Txn::new().when(compares).and_then(actions))
                 .await
@@ -502,7 +633,7 @@ impl Store for EtcdStore {
             let inner = &self.inner;
             // Any read returns the cluster's current revision in its header; the watch then brings the snapshot
             // up to it.
-            let mut c = inner.client.clone();
+            let mut c = inner.client().await?;
             let key = format!("{}/", inner.cfg.prefix);
             let resp = c
                 .get(key, Some(GetOptions::new().with_count_only()))
@@ -531,7 +662,7 @@ impl Store for EtcdStore {
         ttl: Duration,
     ) {
         tokio::spawn(announce_loop(
-            self.inner.client.clone(),
+            Arc::downgrade(&self.inner),
             self.inner.cfg.prefix.clone(),
             info,
             applied,
@@ -554,7 +685,7 @@ fn server_info_key(prefix: &str, id: &str) -> String {
 /// than the TTL) a new one is granted once etcd answers again. Ends when `applied`'s sender is dropped; the key
 /// then expires with its lease (or at once when the process dies and stops renewing).
 async fn announce_loop(
-    client: Client,
+    inner: std::sync::Weak<Inner>,
     prefix: String,
     mut info: serde_json::Map<String, Value>,
     mut applied: watch::Receiver<u64>,
@@ -567,7 +698,17 @@ async fn announce_loop(
     let mut backoff = Duration::from_millis(100);
     loop {
         let began = tokio::time::Instant::now();
-        match announce_once(&client, &key, &mut info, &mut applied, ttl).await {
+        let client = match inner.upgrade() {
+            Some(me) => me.client().await,
+            None => return,
+        };
+        let r = match client {
+            Ok(client) => announce_once(&client, &key, &mut info, &mut applied, ttl)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match r {
             Ok(()) => return,
             Err(e) => {
                 tracing::warn!(key, error = %e, "node registry: report lost; retrying");
@@ -639,7 +780,7 @@ async fn announce_once(
 impl EtcdStore {
     fn registry_nodes(&self) -> BoxFuture<'_, Result<Option<Vec<Value>>, StoreError>> {
         Box::pin(async move {
-            let mut c = self.inner.client.clone();
+            let mut c = self.inner.client().await?;
             let resp = c
                 .get(
                     server_info_key(&self.inner.cfg.prefix, ""),

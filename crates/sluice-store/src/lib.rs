@@ -77,6 +77,7 @@ pub fn control_addr(text: &str) -> Result<Option<std::net::SocketAddr>, String> 
 pub fn provider_name(cfg: &NodeConfig) -> &str {
     match cfg.deployment.role.as_str() {
         "data_plane" => &cfg.deployment.role_data_plane.config_provider,
+        "control_plane" => &cfg.deployment.role_control_plane.config_provider,
         _ => &cfg.deployment.role_traditional.config_provider,
     }
 }

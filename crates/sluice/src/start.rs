@@ -61,7 +61,14 @@ pub fn run(
     let conf_dir = config.parent().unwrap_or(Path::new(".")).to_path_buf();
     // One instance per pid file, and never two on the same ports (SO_REUSEPORT would share them silently).
     let pid_lock = PidLock::acquire(&instance::pid_path(config, &node))?;
-    let addrs = sluice_proxy::listen_addrs(&node)?;
+    // A control plane serves the Admin API only; the data planes watching its etcd proxy.
+    let control_plane = node.deployment.role == "control_plane";
+    let workers = if control_plane { 1 } else { workers };
+    let addrs = if control_plane {
+        Vec::new()
+    } else {
+        sluice_proxy::listen_addrs(&node)?
+    };
     instance::ports_free(&addrs.iter().map(|(a, _)| *a).collect::<Vec<_>>())?;
 
     let control = tokio::runtime::Builder::new_current_thread()
@@ -97,11 +104,14 @@ pub fn run(
                     .await?;
             seed_if_empty(store.as_ref(), &resources_path, &check).await?;
             let id = sluice_store::node::node_id(&data_dir)?;
-            server_info = Some(sluice_store::node::server_info(
-                &id,
-                env!("CARGO_PKG_VERSION"),
-                sluice_store::node::unix_now(),
-            ));
+            // The registry lists the nodes that serve traffic (`?nodes=all` counts them): not a control plane.
+            server_info = (!control_plane).then(|| {
+                sluice_store::node::server_info(
+                    &id,
+                    env!("CARGO_PKG_VERSION"),
+                    sluice_store::node::unix_now(),
+                )
+            });
             (store.subscribe(), Some(store))
         };
 
@@ -366,9 +376,12 @@ impl Side {
         Ok(())
     }
 
-    /// The Admin API (traditional role only). At start a failure is fatal; on reload it is logged.
+    /// The Admin API (traditional and control_plane roles: a data plane only watches, as APISIX's). At start a
+    /// failure is fatal; on reload it is logged.
     async fn start_admin(&mut self, first: bool) -> Result<(), String> {
-        let Some(store) = self.store.clone().filter(|_| self.node.apisix.enable_admin) else {
+        let serves_admin =
+            self.node.apisix.enable_admin && self.node.deployment.role != "data_plane";
+        let Some(store) = self.store.clone().filter(|_| serves_admin) else {
             stop_server(&mut self.admin).await;
             return Ok(());
         };

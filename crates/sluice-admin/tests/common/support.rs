@@ -80,6 +80,8 @@ impl Etcd {
             prefix: "/apisix".into(),
             timeout: Duration::from_secs(2),
             last_known_good: None,
+            auth: None,
+            tls: Default::default(),
         };
         for _ in 0..100 {
             if let Ok(s) = EtcdStore::connect(cfg.clone()).await {

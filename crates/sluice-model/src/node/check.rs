@@ -78,7 +78,8 @@ const fn ah(path: &'static str, hint: &'static str) -> Key {
     }
 }
 
-const ROLES: &[&str] = &["traditional", "data_plane"];
+const ROLES: &[&str] = &["traditional", "data_plane", "control_plane"];
+const CONTROL_PLANE_PROVIDERS: &[&str] = &["etcd"];
 const TRADITIONAL_PROVIDERS: &[&str] = &["embedded", "etcd", "yaml"];
 const DATA_PLANE_PROVIDERS: &[&str] = &["yaml", "etcd"];
 const ADMIN_ROLES: &[&str] = &["admin", "viewer"];
@@ -111,7 +112,7 @@ pub(crate) const KEYS: &[Key] = &[
     a("apisix.ssl.ssl_protocols"),
     a("apisix.ssl.ssl_ciphers"),
     a("apisix.ssl.ssl_session_tickets"),
-    a("apisix.ssl.ssl_trusted_certificate"),
+    s("apisix.ssl.ssl_trusted_certificate", Str),
     a("apisix.ssl.key_encrypt_salt"),
     a("apisix.enable_dev_mode"),
     a("apisix.enable_reuseport"),
@@ -196,7 +197,8 @@ pub(crate) const KEYS: &[Key] = &[
     s("deployment.role_traditional.config_provider", Enum(TRADITIONAL_PROVIDERS)),
     s("deployment.role_data_plane", Map),
     s("deployment.role_data_plane.config_provider", Enum(DATA_PLANE_PROVIDERS)),
-    a("deployment.role_control_plane"),
+    s("deployment.role_control_plane", Map),
+    s("deployment.role_control_plane.config_provider", Enum(CONTROL_PLANE_PROVIDERS)),
     a("deployment.certs"),
     a("deployment.fallback_cp"),
     s("deployment.admin", Map),
@@ -223,9 +225,13 @@ pub(crate) const KEYS: &[Key] = &[
     a("deployment.etcd.startup_retry"),
     a("deployment.etcd.resync_delay"),
     a("deployment.etcd.health_check_timeout"),
-    a("deployment.etcd.user"),
-    a("deployment.etcd.password"),
-    a("deployment.etcd.tls"),
+    s("deployment.etcd.user", Str),
+    s("deployment.etcd.password", Str),
+    s("deployment.etcd.tls", Map),
+    s("deployment.etcd.tls.cert", Str),
+    s("deployment.etcd.tls.key", Str),
+    s("deployment.etcd.tls.verify", Bool),
+    s("deployment.etcd.tls.sni", Str),
     a("deployment.etcd.use_grpc"),
     // plugins
     s("plugins", StrList),
@@ -507,7 +513,7 @@ mod tests {
         );
         assert_eq!(
             errors(json!({"deployment": {"role": "tradtional"}})),
-            ["deployment.role: expected one of traditional, data_plane, got the string \"tradtional\""]
+            ["deployment.role: expected one of traditional, data_plane, control_plane, got the string \"tradtional\""]
         );
         // A key under the wrong section: the same name elsewhere.
         assert_eq!(
@@ -577,15 +583,12 @@ mod tests {
         assert_eq!(c.config.apisix.node_listen.len(), 2);
         assert_eq!(c.config.apisix.node_listen[1].port, 9081);
         let w = c.warnings.join("\n");
-        for key in [
-            "apisix.node_listen[].enable_http3",
-            "apisix.proxy_cache",
-            "deployment.etcd.tls",
-        ] {
+        for key in ["apisix.node_listen[].enable_http3", "apisix.proxy_cache"] {
             assert_eq!(w.matches(key).count(), 1, "{key} in {w}");
         }
         // Keys Sluice reads give no warning.
         for key in [
+            "deployment.etcd.tls",
             "apisix.data_encryption",
             "nginx_config.http.client_body_timeout",
             "nginx_config.http.access_log",
@@ -604,7 +607,7 @@ mod tests {
             "{w}"
         );
         assert!(!w.contains("prometheus"), "{w}");
-        assert_eq!(c.warnings.len(), 5, "{w}");
+        assert_eq!(c.warnings.len(), 4, "{w}");
     }
 
     #[test]

@@ -47,16 +47,17 @@ impl Etcd {
     }
 
     fn spawn(&mut self) {
+        self.spawn_with(&self.url(), &[]);
+    }
+
+    /// `url` is the client URL (`https://...` with TLS flags in `extra`).
+    fn spawn_with(&mut self, url: &str, extra: &[&str]) {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let child = Command::new(ETCD)
             .args(["--name", "sluice-test", "--data-dir"])
             .arg(&self.dir)
-            .args([
-                "--listen-client-urls",
-                &self.url(),
-                "--advertise-client-urls",
-                &self.url(),
-            ])
+            .args(["--listen-client-urls", url, "--advertise-client-urls", url])
+            .args(extra)
             .args([
                 "--listen-peer-urls",
                 &peer,
@@ -84,6 +85,8 @@ impl Etcd {
             prefix: "/apisix".into(),
             timeout: Duration::from_secs(2),
             last_known_good: None,
+            auth: None,
+            tls: Default::default(),
         }
     }
 
@@ -350,4 +353,188 @@ fn a_corrupt_copy_is_an_error_not_an_empty_start() {
         .unwrap()
         .is_none());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A CA and the certificates it signs (ECDSA P-256).
+struct Ca {
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, name.to_owned());
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = p.self_signed(&key).unwrap();
+        Ca { cert, key }
+    }
+
+    /// (certificate PEM, key PEM) for `names` with common name `cn`.
+    fn leaf(&self, cn: &str, names: &[&str]) -> (String, String) {
+        let mut p =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, cn.to_owned());
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_client_certificates_and_user_password_auth() {
+    let Some(mut etcd) = Etcd::start("tls") else {
+        return;
+    };
+    etcd.stop();
+    let ca = Ca::new("sluice-test-ca");
+    let (server_cert, server_key) = ca.leaf("etcd", &["127.0.0.1", "localhost"]);
+    let (client_cert, client_key) = ca.leaf("sluice", &[]);
+    let pki = etcd.dir.with_extension("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let file = |name: &str, body: &str| {
+        let p = pki.join(name);
+        std::fs::write(&p, body).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let (sc, sk, cap) = (
+        file("server.pem", &server_cert),
+        file("server.key", &server_key),
+        file("ca.pem", &ca.cert.pem()),
+    );
+    let url = format!("https://127.0.0.1:{}", etcd.client_port);
+    etcd.spawn_with(
+        &url,
+        &[
+            "--cert-file",
+            &sc,
+            "--key-file",
+            &sk,
+            "--client-cert-auth",
+            "--trusted-ca-file",
+            &cap,
+        ],
+    );
+    let tls = EtcdTls {
+        ca: Some(ca.cert.pem().into_bytes()),
+        identity: Some((
+            client_cert.clone().into_bytes(),
+            Secret(client_key.clone().into_bytes()),
+        )),
+        sni: None,
+    };
+    let cfg = EtcdConfig {
+        endpoints: vec![url.clone()],
+        tls: tls.clone(),
+        ..etcd.cfg()
+    };
+    let connect = |cfg: EtcdConfig| async move {
+        let mut last = None;
+        for _ in 0..50 {
+            match EtcdStore::connect(cfg.clone()).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(last.unwrap())
+    };
+    let s = connect(cfg.clone())
+        .await
+        .expect("TLS with a client certificate");
+    s.commit(vec![Op::Put {
+        key: "routes/1".into(),
+        value: json!({"uri": "/tls", "plugins": {}}),
+        expect_mod: None,
+    }])
+    .await
+    .unwrap();
+    assert_eq!(s.subscribe().borrow().resources.routes.len(), 1);
+
+    // What an attacker or a misconfiguration would try: no client certificate, a CA etcd's certificate is not
+    // from, a certificate from another CA, another name than the certificate's.
+    let other = Ca::new("other-ca");
+    let (other_cert, other_key) = other.leaf("sluice", &[]);
+    let refused = [
+        EtcdTls {
+            identity: None,
+            ..tls.clone()
+        },
+        EtcdTls {
+            ca: Some(other.cert.pem().into_bytes()),
+            ..tls.clone()
+        },
+        EtcdTls {
+            identity: Some((other_cert.into_bytes(), Secret(other_key.into_bytes()))),
+            ..tls.clone()
+        },
+        EtcdTls {
+            sni: Some("etcd.example".into()),
+            ..tls.clone()
+        },
+    ];
+    for (i, t) in refused.into_iter().enumerate() {
+        let bad = EtcdConfig {
+            tls: t,
+            ..cfg.clone()
+        };
+        assert!(EtcdStore::connect(bad).await.is_err(), "case {i} connected");
+    }
+    let plain = EtcdConfig {
+        endpoints: vec![format!("http://127.0.0.1:{}", etcd.client_port)],
+        ..cfg.clone()
+    };
+    assert!(
+        EtcdStore::connect(plain).await.is_err(),
+        "cleartext to a TLS etcd"
+    );
+
+    // Auth on: a user with the root role, then `auth enable`.
+    let mut raw = Client::connect([url.as_str()], Some(cfg.connect_options()))
+        .await
+        .unwrap();
+    raw.role_add("root").await.unwrap();
+    raw.user_add("root", "s3cret-pw", None).await.unwrap();
+    raw.user_grant_role("root", "root").await.unwrap();
+    raw.auth_enable().await.unwrap();
+
+    let with_user = EtcdConfig {
+        auth: Some(("root".into(), Secret(b"s3cret-pw".to_vec()))),
+        ..cfg.clone()
+    };
+    let s2 = connect(with_user).await.expect("user and password");
+    assert_eq!(s2.subscribe().borrow().resources.routes.len(), 1);
+    s2.commit(vec![Op::Put {
+        key: "routes/2".into(),
+        value: json!({"uri": "/auth", "plugins": {}}),
+        expect_mod: None,
+    }])
+    .await
+    .unwrap();
+    let wrong = EtcdConfig {
+        auth: Some(("root".into(), Secret(b"guess".to_vec()))),
+        ..cfg.clone()
+    };
+    let err = EtcdStore::connect(wrong)
+        .await
+        .err()
+        .expect("wrong password");
+    assert!(
+        !format!("{err:?}").contains("guess"),
+        "the password is never shown: {err:?}"
+    );
+    // The certificate's name ("sluice") is no etcd user: without a password nothing is readable.
+    assert!(
+        EtcdStore::connect(cfg.clone()).await.is_err(),
+        "no password"
+    );
+    assert!(
+        !format!("{cfg:?}").contains("PRIVATE KEY"),
+        "keys are never printed"
+    );
+    let _ = std::fs::remove_dir_all(&pki);
 }

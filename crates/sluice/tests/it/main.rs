@@ -17,6 +17,7 @@ mod operations;
 mod product_name;
 mod proxy;
 mod reload;
+mod roles;
 mod routing;
 mod secrets;
 mod seed;
