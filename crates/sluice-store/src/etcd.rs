@@ -239,7 +239,12 @@ impl EtcdStore {
                 let Some(path) = &lkg else { return Err(e) };
                 let snap = match read_last_known_good(path, &inner.cfg.prefix) {
                     Ok(Some(snap)) => snap,
-                    Ok(None) => return Err(e),
+                    Ok(None) => {
+                        return Err(StoreError::Unavailable(format!(
+                            "{e}; no last known good copy at {} to start from",
+                            path.display()
+                        )))
+                    }
                     Err(why) => {
                         return Err(StoreError::Unavailable(format!(
                             "{e}; and the last known good copy {} cannot be used: {why}",

@@ -32,6 +32,28 @@ pub struct PidLock {
 impl PidLock {
     /// Locks `path` and writes this process's pid into it, or says which instance holds it.
     pub fn acquire(path: &Path) -> Result<PidLock, String> {
+        PidLock::acquire_or(path, |pid| {
+            format!(
+                "another Sluice instance (pid {pid}) is running with the pid file {}; stop it first \
+                 (sluice stop) or give this one its own sluice.pid_file and ports",
+                path.display()
+            )
+        })
+    }
+
+    /// The data directory holds the node's identity (`sluice.uid`), the embedded store and the etcd copy: two
+    /// nodes sharing one would register as one node and overwrite each other's copy.
+    pub fn acquire_data_dir(dir: &Path) -> Result<PidLock, String> {
+        PidLock::acquire_or(&dir.join("sluice.lock"), |pid| {
+            format!(
+                "another Sluice instance (pid {pid}) uses the data directory {}; give each node its own \
+                 sluice.data_dir",
+                dir.display()
+            )
+        })
+    }
+
+    fn acquire_or(path: &Path, held: impl Fn(&str) -> String) -> Result<PidLock, String> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         }
@@ -44,11 +66,7 @@ impl PidLock {
             .map_err(|e| format!("opening the pid file {}: {e}", path.display()))?;
         if flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
             let pid = read_pid(&mut file).map_or("unknown".into(), |p| p.to_string());
-            return Err(format!(
-                "another Sluice instance (pid {pid}) is running with the pid file {}; stop it first \
-                 (sluice stop) or give this one its own sluice.pid_file and ports",
-                path.display()
-            ));
+            return Err(held(&pid));
         }
         file.set_len(0)
             .and_then(|_| file.seek(SeekFrom::Start(0)))

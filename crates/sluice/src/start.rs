@@ -88,17 +88,21 @@ pub fn run(
 
         let provider = sluice_store::provider_name(&node).to_owned();
         let mut server_info = None;
-        let (mut rx, store): (ConfigRx, Option<Arc<dyn kv::Store>>) = if provider == "yaml" {
+        // The data directory's lock is held until the process ends.
+        let (mut rx, store, _data_lock): (ConfigRx, Option<Arc<dyn kv::Store>>, _) = if provider
+            == "yaml"
+        {
             let stamp = standalone::file_stamp(&resources_path);
             let initial = standalone::load(&resources_path, &check)?;
             let poll = Duration::from_secs_f64(node.sluice.config_poll_interval.max(0.05));
             let rx = standalone::Watcher::new(resources_path.clone(), poll, check.clone())
                 .spawn_after(initial, stamp);
-            (rx, None)
+            (rx, None, None)
         } else {
             let data_dir = conf_dir.join(&node.sluice.data_dir);
             std::fs::create_dir_all(&data_dir)
                 .map_err(|e| format!("creating {}: {e}", data_dir.display()))?;
+            let data_lock = PidLock::acquire_data_dir(&data_dir)?;
             let store =
                 sluice_store::open_store(&node, &data_dir, sluice_plugins::registry::secret_fields)
                     .await?;
@@ -112,7 +116,7 @@ pub fn run(
                     sluice_store::node::unix_now(),
                 )
             });
-            (store.subscribe(), Some(store))
+            (store.subscribe(), Some(store), Some(data_lock))
         };
 
         let initial = rx.borrow_and_update().clone();

@@ -67,9 +67,11 @@ async fn control_plane_writes_data_planes_serve() {
             assert_eq!(st, 200, "{v}");
             v["total"].as_u64()
         };
-        crate::etcd_outage::eventually(Duration::from_secs(15), "both data planes listed", || async {
-            listed().await == Some(2)
-        })
+        crate::etcd_outage::eventually(
+            Duration::from_secs(15),
+            "both data planes listed",
+            || async { listed().await == Some(2) },
+        )
         .await;
 
         // A write through the control plane, answered once both data planes applied it: both serve it at once.
@@ -82,6 +84,31 @@ async fn control_plane_writes_data_planes_serve() {
         }
         let (st, v): (u16, Value) = admin(&cp, "GET", "/apisix/admin/routes/1", "").await;
         assert_eq!(st, 200, "{v}");
+
+        // A second node on dp1's data directory would take its identity: refused, naming the directory.
+        let data = dp1.sluice.dir.0.join("data");
+        let dir = TempDir::new("role-shared-data");
+        let text = std::fs::read_to_string(dp1.sluice.dir.0.join("config.yaml"))
+            .unwrap()
+            .replace(
+                &format!("port: {}", dp1.gw.port()),
+                &format!("port: {}", free_port()),
+            )
+            .replace("data_dir: data", &format!("data_dir: {}", data.display()));
+        std::fs::write(dir.0.join("config.yaml"), text).unwrap();
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+                .arg("start")
+                .arg("-c")
+                .arg(dir.0.join("config.yaml"))
+                .output()
+                .expect("run sluice")
+        })
+        .await
+        .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("uses the data directory"), "{err}");
         drop(etcd);
     });
     overall.await.expect("bounded");
