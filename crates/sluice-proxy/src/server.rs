@@ -114,6 +114,8 @@ pub(crate) struct Worker {
     pub log: Option<crate::access_log::Local>,
     /// This worker's live counters for the current second (its own: no lock).
     pub stats: std::cell::RefCell<sluice_stats::Local>,
+    /// Connection buffers of finished connections and h2 streams, for the next ones.
+    pub bufs: crate::conn::BufPool,
 }
 
 /// The data plane: publish snapshots into it, start it on bound listeners, shut it down gracefully.
@@ -386,6 +388,7 @@ fn worker_main(shared: Arc<Shared>, listeners: Vec<(std::net::TcpListener, Liste
                 .as_ref()
                 .map(crate::access_log::Local::new),
             stats: Default::default(),
+            bufs: Default::default(),
         });
         {
             // Hands this worker's second of counters over at each wall-clock second. Ends with the runtime.

@@ -1,9 +1,9 @@
 //! One h2 stream served by `Conn` inline, in the task that accepted it: no pipe, no second task. [`StreamIo`] is
-//! the `Conn`'s IO. Reading it yields the stream's request as an HTTP/1.1 message: the head, serialised once from
-//! the h2 fields, then the body as DATA frames arrive (chunked, with the trailers, when it has no length), each
-//! frame's flow-control window released as `Conn` takes its bytes. What `Conn` writes is parsed as it arrives: the
-//! head goes out as HEADERS, the body as DATA (chunked framing decoded), chunked trailers as a trailers HEADERS
-//! frame. One request path means HTTP/2 can never route or filter differently from HTTP/1.1.
+//! the `Conn`'s IO. The request head is serialised once from the h2 fields as HTTP/1.1 into `Conn`'s buffer;
+//! reading the IO then yields the body as DATA frames arrive (chunked, with the trailers, when it has no length),
+//! each frame's flow-control window released as `Conn` takes its bytes. What `Conn` writes is parsed as it
+//! arrives: the head goes out as HEADERS, the body as DATA (chunked framing decoded), chunked trailers as a
+//! trailers HEADERS frame. One request path means HTTP/2 can never route or filter differently from HTTP/1.1.
 //!
 //! Conversions follow RFC 9113 §8.2.3 (cookie crumbs joined with "; "), §8.3.1 (`:authority` becomes Host) and
 //! §8.2.2 (connection-specific response fields are dropped). Request hygiene (header names, values, lengths) is
@@ -46,7 +46,7 @@ pub(super) async fn stream(
     let mut head = BytesMut::with_capacity(512);
     let chunked = request_head(&parts, body.is_end_stream(), &mut head);
     let st = Rc::new(RefCell::new(Stream {
-        pre: head,
+        pre: BytesMut::new(),
         data: Bytes::new(),
         crlf: false,
         body,
@@ -63,7 +63,7 @@ pub(super) async fn stream(
     let c = &*client;
     let io = StreamIo(st.clone());
     let run = Conn::with_addrs(io, c.peer, c.local, c.scheme, w, c.addrs.clone())
-        .for_h2_stream()
+        .for_h2_stream(&head)
         .with_mtls_gate(c.gate.clone())
         .run();
     tokio::select! {
