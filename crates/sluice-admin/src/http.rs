@@ -121,6 +121,21 @@ fn respond(state: &AdminState, reply: Reply) -> Response<Full<Bytes>> {
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }
 
+fn respond_answer(state: &AdminState, a: crate::configs::Answer) -> Response<Full<Bytes>> {
+    let mut r = respond(state, Reply::json(a.status, Value::Null));
+    let h = r.headers_mut();
+    if let Ok(v) = hyper::header::HeaderValue::from_str(a.ctype) {
+        h.insert("content-type", v);
+    }
+    for (name, value) in a.headers {
+        if let Ok(v) = hyper::header::HeaderValue::from_str(&value) {
+            h.insert(name, v);
+        }
+    }
+    *r.body_mut() = Full::new(a.body);
+    r
+}
+
 /// APISIX's preflight answer (`cors_admin()`): 200, empty, before authentication.
 fn preflight() -> Response<Full<Bytes>> {
     Response::builder()
@@ -263,6 +278,42 @@ async fn handle_whole(
             );
         }
     };
+    if let Some(api) = state.configs.clone() {
+        let path = rest.trim_end_matches('/');
+        if path == "/configs" || path == "/configs/validate" {
+            let header = |n: &str| {
+                req.headers()
+                    .get(n)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            };
+            let (ctype, accept, digest) =
+                (header("content-type"), header("accept"), header("x-digest"));
+            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => {
+                    return respond(
+                        state,
+                        Reply::error(400, format!("invalid request body: {e}")),
+                    )
+                }
+            };
+            let r = crate::configs::Request {
+                method: &method,
+                path,
+                content_type: ctype.as_deref(),
+                accept: accept.as_deref(),
+                digest: digest.as_deref(),
+                body,
+            };
+            let answer = if method == "PUT" && path == "/configs" {
+                crate::configs::put(state, &api, r).await
+            } else {
+                crate::configs::handle(state, &api, r)
+            };
+            return respond_answer(state, answer);
+        }
+    }
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {

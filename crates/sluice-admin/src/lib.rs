@@ -10,6 +10,7 @@
 //! dashboard's embedded files at `/ui/`).
 
 mod config;
+mod configs;
 mod dataplane;
 mod handlers;
 mod history;
@@ -84,6 +85,8 @@ pub struct AdminState {
     streams: Arc<tokio::sync::Semaphore>,
     /// This node's `server_info` (`sluice_store::node`): `/nodes` lists it when the store keeps no registry.
     pub server_info: serde_json::Map<String, Value>,
+    /// API-driven standalone mode: `/apisix/admin/configs` replaces this configuration.
+    pub configs: Option<Arc<sluice_store::api::ApiStandalone>>,
 }
 
 impl AdminState {
@@ -104,7 +107,14 @@ impl AdminState {
             data_plane: None,
             streams: dataplane::stream_slots(),
             server_info: Default::default(),
+            configs: None,
         }
+    }
+
+    /// API-driven standalone mode: `/apisix/admin/configs` serves and replaces `api`'s configuration.
+    pub fn with_configs(mut self, api: Arc<sluice_store::api::ApiStandalone>) -> AdminState {
+        self.configs = Some(api);
+        self
     }
 
     /// Lists `info` as this node in `/nodes` when the store keeps no node registry.

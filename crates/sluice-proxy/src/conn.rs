@@ -1665,7 +1665,11 @@ mod buf_pool_tests {
         let again = pool.take();
         assert!(again.capacity() >= BUF_SIZE);
         assert!(again.is_empty());
-        assert_eq!(again.as_ptr() as usize, ptr, "the same allocation, taken back whole");
+        assert_eq!(
+            again.as_ptr() as usize,
+            ptr,
+            "the same allocation, taken back whole"
+        );
 
         // A buffer that grew large is not kept; the pool never holds more than KEEP.
         pool.put(bytes::BytesMut::with_capacity(BufPool::MAX_CAPACITY + 1));

@@ -2,6 +2,7 @@
 //! binary compiles every new value into a data-plane snapshot and publishes it. Providers never touch the data
 //! plane, and the data plane never depends on this crate.
 
+pub mod api;
 pub mod embedded;
 pub mod etcd;
 pub mod kv;

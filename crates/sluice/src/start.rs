@@ -89,35 +89,47 @@ pub fn run(
         let provider = sluice_store::provider_name(&node).to_owned();
         let mut server_info = None;
         // The data directory's lock is held until the process ends.
-        let (mut rx, store, _data_lock): (ConfigRx, Option<Arc<dyn kv::Store>>, _) = if provider
-            == "yaml"
-        {
-            let stamp = standalone::file_stamp(&resources_path);
-            let initial = standalone::load(&resources_path, &check)?;
-            let poll = Duration::from_secs_f64(node.sluice.config_poll_interval.max(0.05));
-            let rx = standalone::Watcher::new(resources_path.clone(), poll, check.clone())
-                .spawn_after(initial, stamp);
-            (rx, None, None)
-        } else {
-            let data_dir = conf_dir.join(&node.sluice.data_dir);
-            std::fs::create_dir_all(&data_dir)
-                .map_err(|e| format!("creating {}: {e}", data_dir.display()))?;
-            let data_lock = PidLock::acquire_data_dir(&data_dir)?;
-            let store =
-                sluice_store::open_store(&node, &data_dir, sluice_plugins::registry::secret_fields)
-                    .await?;
-            seed_if_empty(store.as_ref(), &resources_path, &check).await?;
-            let id = sluice_store::node::node_id(&data_dir)?;
-            // The registry lists the nodes that serve traffic (`?nodes=all` counts them): not a control plane.
-            server_info = (!control_plane).then(|| {
-                sluice_store::node::server_info(
-                    &id,
-                    env!("CARGO_PKG_VERSION"),
-                    sluice_store::node::unix_now(),
+        // APISIX's API-driven standalone mode: `traditional` + `yaml` starts empty and takes its whole
+        // configuration through `PUT /apisix/admin/configs` (a data plane + yaml reads apisix.yaml).
+        let api_driven = provider == "yaml" && node.deployment.role == "traditional";
+        let configs_api = api_driven.then(|| Arc::new(sluice_store::api::ApiStandalone::default()));
+        let (mut rx, store, _data_lock): (ConfigRx, Option<Arc<dyn kv::Store>>, _) =
+            if let Some(api) = &configs_api {
+                (
+                    kv::Store::subscribe(api.as_ref()),
+                    Some(api.clone() as Arc<dyn kv::Store>),
+                    None,
                 )
-            });
-            (store.subscribe(), Some(store), Some(data_lock))
-        };
+            } else if provider == "yaml" {
+                let stamp = standalone::file_stamp(&resources_path);
+                let initial = standalone::load(&resources_path, &check)?;
+                let poll = Duration::from_secs_f64(node.sluice.config_poll_interval.max(0.05));
+                let rx = standalone::Watcher::new(resources_path.clone(), poll, check.clone())
+                    .spawn_after(initial, stamp);
+                (rx, None, None)
+            } else {
+                let data_dir = conf_dir.join(&node.sluice.data_dir);
+                std::fs::create_dir_all(&data_dir)
+                    .map_err(|e| format!("creating {}: {e}", data_dir.display()))?;
+                let data_lock = PidLock::acquire_data_dir(&data_dir)?;
+                let store = sluice_store::open_store(
+                    &node,
+                    &data_dir,
+                    sluice_plugins::registry::secret_fields,
+                )
+                .await?;
+                seed_if_empty(store.as_ref(), &resources_path, &check).await?;
+                let id = sluice_store::node::node_id(&data_dir)?;
+                // The registry lists the nodes that serve traffic (`?nodes=all` counts them): not a control plane.
+                server_info = (!control_plane).then(|| {
+                    sluice_store::node::server_info(
+                        &id,
+                        env!("CARGO_PKG_VERSION"),
+                        sluice_store::node::unix_now(),
+                    )
+                });
+                (store.subscribe(), Some(store), Some(data_lock))
+            };
 
         let initial = rx.borrow_and_update().clone();
         let snapshot = Snapshot::compile_with(&initial.resources, initial.revision, &plugin_state)?;
@@ -165,6 +177,7 @@ pub fn run(
             applied_rx,
             proxy: crate::dataplane::proxy_target(&addrs),
             server_info,
+            configs: configs_api,
             admin: None,
             metrics: None,
             control: None,
@@ -249,6 +262,8 @@ struct Side {
     proxy: Option<std::net::SocketAddr>,
     /// This node's `server_info` (see `sluice_store::node`), for `/apisix/admin/nodes`.
     server_info: Option<serde_json::Map<String, Value>>,
+    /// API-driven standalone mode's configuration (`/apisix/admin/configs`).
+    configs: Option<Arc<sluice_store::api::ApiStandalone>>,
     admin: Served,
     metrics: Served,
     control: Served,
@@ -402,7 +417,7 @@ impl Side {
         tracing::info!(listen = %addr, "admin API listening");
         let dry_run = self.applier.clone();
         let checker: sluice_admin::Checker = Arc::new(move |r: &Resources| dry_run.dry_run(r));
-        let state = sluice_admin::AdminState::new(
+        let mut state = sluice_admin::AdminState::new(
             admin,
             store,
             checker,
@@ -415,6 +430,9 @@ impl Side {
             config: self.rx.clone(),
             proxy: self.proxy,
         }));
+        if let Some(api) = &self.configs {
+            state = state.with_configs(api.clone());
+        }
         self.admin = Some((
             addr,
             sock,

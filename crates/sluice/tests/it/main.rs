@@ -5,6 +5,7 @@
 
 mod admin;
 mod admin_compat;
+mod api_standalone;
 mod balancer;
 mod bodies;
 mod connection;
