@@ -569,6 +569,50 @@ fn java_retries_repeat_a_timed_out_call() {
     assert_eq!((r.status, r.json()), (200, json!("again")), "{r:?}");
 }
 
+/// `retries` is failover: a call that timed out on a frozen provider (it accepts and never answers, as a JVM
+/// stopped in a pause or behind a cut link) is repeated on the other provider, not on the same one again (which
+/// answered 504 for every call that went to it first before).
+#[test]
+fn java_retries_go_to_another_provider() {
+    let Some(p) = provider() else { return };
+    let frozen = TcpListener::bind("127.0.0.1:0").unwrap();
+    let frozen_addr = frozen.local_addr().unwrap();
+    std::thread::spawn(move || {
+        // Held until the test process ends: connected, never answered.
+        let mut held = Vec::new();
+        for c in frozen.incoming().take(64) {
+            held.push(c);
+        }
+        std::thread::park();
+    });
+    let conf =
+        json!({"service_name": TYPES, "service_version": "1.0.0", "generic": true, "retries": 1});
+    let gw = Gw::start(json!({"routes": [{"id": "t", "uri": "/types",
+        "plugins": {"dubbo-proxy": conf},
+        "upstream": {"type": "roundrobin", "nodes": {p.to_string(): 1, frozen_addr.to_string(): 1},
+                     "timeout": {"connect": 1.0, "send": 1.0, "read": 1.0}}}]}));
+    // Round robin over both: half of the calls try the frozen one first.
+    for i in 0..4 {
+        let r = call(&gw, "ping", "");
+        assert_eq!(
+            (r.status, r.json()),
+            (200, json!("pong")),
+            "call {i}: {r:?}"
+        );
+    }
+    // Without retries the frozen provider's share times out.
+    let conf = json!({"service_name": TYPES, "service_version": "1.0.0", "generic": true});
+    let gw = Gw::start(json!({"routes": [{"id": "t", "uri": "/types",
+        "plugins": {"dubbo-proxy": conf},
+        "upstream": {"type": "roundrobin", "nodes": {p.to_string(): 1, frozen_addr.to_string(): 1},
+                     "timeout": {"connect": 1.0, "send": 1.0, "read": 1.0}}}]}));
+    let statuses: Vec<u16> = (0..4).map(|_| call(&gw, "ping", "").status).collect();
+    assert!(
+        statuses.contains(&504) && statuses.contains(&200),
+        "{statuses:?}"
+    );
+}
+
 fn http_dubbo_gw(p: SocketAddr, routes: &[(&str, Value)]) -> Gw {
     let routes: Vec<Value> = routes
         .iter()
