@@ -19,6 +19,8 @@ use crate::health_check::{self, ActiveCheck, Checks};
 use crate::tls;
 use crate::tls_server::SniTable;
 
+#[cfg(test)]
+mod discovery_tests;
 mod reuse;
 mod split;
 
