@@ -60,7 +60,7 @@ fn schema() -> Value {
             "attachments": {"description": "Sluice: attachments every call carries",
                             "type": "object", "maxProperties": 64,
                             "additionalProperties": {"type": "string"}},
-            "retries": {"description": "Sluice: how many times a call that failed in transit or timed out (also a provider timeout or full thread pool) is repeated on the same provider, as Dubbo's failover does; only for idempotent methods",
+            "retries": {"description": "Sluice: how many times a call that failed in transit or timed out (also a provider timeout or full thread pool) is repeated, on a provider not tried yet when there is one, as Dubbo's failover does; only for idempotent methods",
                         "type": "integer", "minimum": 0, "maximum": 10, "default": 0}
         },
         "required": ["service_name", "service_version"]
