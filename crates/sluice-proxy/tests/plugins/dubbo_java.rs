@@ -575,16 +575,7 @@ fn java_retries_repeat_a_timed_out_call() {
 #[test]
 fn java_retries_go_to_another_provider() {
     let Some(p) = provider() else { return };
-    let frozen = TcpListener::bind("127.0.0.1:0").unwrap();
-    let frozen_addr = frozen.local_addr().unwrap();
-    std::thread::spawn(move || {
-        // Held until the test process ends: connected, never answered.
-        let mut held = Vec::new();
-        for c in frozen.incoming().take(64) {
-            held.push(c);
-        }
-        std::thread::park();
-    });
+    let (frozen_addr, _) = frozen_provider();
     let conf =
         json!({"service_name": TYPES, "service_version": "1.0.0", "generic": true, "retries": 1});
     let gw = Gw::start(json!({"routes": [{"id": "t", "uri": "/types",
@@ -611,6 +602,65 @@ fn java_retries_go_to_another_provider() {
         statuses.contains(&504) && statuses.contains(&200),
         "{statuses:?}"
     );
+}
+
+/// A provider that accepts and reads but never answers; counts the Dubbo calls (not heartbeats) it got.
+fn frozen_provider() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::Read as _;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let n = calls.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming().take(64) {
+            let Ok(mut c) = c else { continue };
+            let n = n.clone();
+            std::thread::spawn(move || {
+                let mut head = [0u8; 16];
+                while c.read_exact(&mut head).is_ok() {
+                    let len = u32::from_be_bytes([head[12], head[13], head[14], head[15]]) as u64;
+                    // Flag byte: 0x80 request, 0x20 event (heartbeat).
+                    if head[2] & 0x80 != 0 && head[2] & 0x20 == 0 {
+                        n.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if std::io::copy(&mut (&mut c).take(len), &mut std::io::sink()).is_err() {
+                        break;
+                    }
+                }
+                // Held open, never answered, until the test process ends.
+                std::thread::park();
+            });
+        }
+    });
+    (addr, calls)
+}
+
+/// Passive health: a call that timed out on a frozen provider is reported, the provider leaves rotation, and
+/// later calls never reach it (they do not wait `timeout.read` on it first).
+#[test]
+fn java_frozen_provider_leaves_rotation_by_passive_health() {
+    use std::sync::atomic::Ordering;
+    let Some(p) = provider() else { return };
+    let (frozen, calls) = frozen_provider();
+    let conf =
+        json!({"service_name": TYPES, "service_version": "1.0.0", "generic": true, "retries": 1});
+    let gw = Gw::start(json!({"routes": [{"id": "t", "uri": "/types",
+        "plugins": {"dubbo-proxy": conf},
+        "upstream": {"type": "roundrobin", "nodes": {p.to_string(): 1, frozen.to_string(): 1},
+                     "timeout": {"connect": 1.0, "send": 1.0, "read": 1.0},
+                     "checks": {"active": {"type": "tcp"},
+                                "passive": {"type": "tcp", "unhealthy": {"timeouts": 1}}}}}]}));
+    for i in 0..10 {
+        let r = call(&gw, "ping", "");
+        assert_eq!(
+            (r.status, r.json()),
+            (200, json!("pong")),
+            "call {i}: {r:?}"
+        );
+    }
+    // Round robin would have sent it five; the first timeout took it out.
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
 fn http_dubbo_gw(p: SocketAddr, routes: &[(&str, Value)]) -> Gw {
