@@ -134,9 +134,12 @@ impl Handle {
             return Vec::new();
         };
         let protocol = arg("protocol").unwrap_or("dubbo");
+        let mut seen = HashSet::new();
         list.iter()
             .flatten()
             .filter(|p| provider::matches(p, protocol, arg("version"), arg("group")))
+            // One node per address (two entries of one provider, e.g. with `version: "*"`, are one node).
+            .filter(|p| seen.insert((p.host.clone(), p.port)))
             .map(|p| Node {
                 host: p.host.clone(),
                 port: Some(p.port),
@@ -346,6 +349,54 @@ mod tests {
         ] {
             assert!(ZkConfig::from_value(&bad).is_err(), "{bad} accepted");
         }
+    }
+
+    #[test]
+    fn nodes_follow_args_once_per_address_and_ask_for_unknown_interfaces() {
+        let (want, mut asked) = mpsc::unbounded_channel();
+        let h = Handle {
+            known: Known::default(),
+            want,
+        };
+        let entry = |host: &str, q: &str| {
+            provider::parse(&format!("dubbo%3A%2F%2F{host}%3A20880%2Fa.B%3F{q}")).unwrap()
+        };
+        h.known.lock().unwrap().insert(
+            "a.B".into(),
+            Some(vec![
+                entry("10.0.0.1", "version%3D1.0.0%26weight%3D5"),
+                entry("10.0.0.1", "version%3D2.0.0"),
+                entry("10.0.0.2", "version%3D1.0.0%26group%3Dg"),
+                entry("10.0.0.3", "version%3D1.0.0%26enabled%3Dfalse"),
+            ]),
+        );
+        let args = |v: Value| v.as_object().cloned();
+        let hosts = |a: Option<Map<String, Value>>| -> Vec<(String, u32)> {
+            h.nodes("a.B", a.as_ref())
+                .into_iter()
+                .map(|n| (n.host, n.weight))
+                .collect()
+        };
+        assert_eq!(
+            hosts(args(json!({"version": "1.0.0"}))),
+            [("10.0.0.1".into(), 5)]
+        );
+        assert_eq!(
+            hosts(args(json!({"version": "1.0.0", "group": "g"}))),
+            [("10.0.0.2".to_owned(), 100)]
+        );
+        // Any version and group: the disabled one stays out, 10.0.0.1 is one node.
+        let all = hosts(args(json!({"version": "*", "group": "*"})));
+        assert_eq!(all, [("10.0.0.1".into(), 5), ("10.0.0.2".into(), 100)]);
+        assert!(hosts(args(json!({"version": "1.0.0", "protocol": "tri"}))).is_empty());
+        // Not listed yet: no node, and the watcher is asked (once).
+        assert!(h.nodes("c.D", None).is_empty());
+        assert!(h.nodes("c.D", None).is_empty());
+        assert_eq!(asked.try_recv().ok().as_deref(), Some("c.D"));
+        assert!(asked.try_recv().is_err());
+        // A name that would leave its path segment is never asked for.
+        assert!(h.nodes("../x", None).is_empty());
+        assert!(asked.try_recv().is_err());
     }
 
     #[test]
