@@ -342,7 +342,7 @@ async fn providers_found_in_zookeeper_answer_and_follow_it() {
     assert_eq!(call(gw.addr, "/other").await.0, 503);
 
     // A second provider that starts later gets traffic, the first keeps its share.
-    let b = Provider::start(&zk, None, "1.0.0", None);
+    let mut b = Provider::start(&zk, None, "1.0.0", None);
     wait_served_by(gw.addr, "/v1", b.port, Duration::from_secs(20)).await;
     let t = tally(gw.addr, "/v1", 20).await;
     assert_eq!(
@@ -403,18 +403,31 @@ async fn providers_found_in_zookeeper_answer_and_follow_it() {
         "{t:?}"
     );
 
-    // A provider that leaves (its entry deleted, as on a graceful stop) leaves rotation.
+    // Providers that die leave with their Zookeeper session (2 s here), and with them the nodes: once both 1.0.0
+    // providers are gone, /v1 answers 503 (no node), not 502 (a dead node still tried).
     a.kill();
-    let end = Instant::now() + Duration::from_secs(20);
-    while zk
-        .providers(DEMO)
-        .await
-        .iter()
-        .any(|p| p.contains(&format!("%3A{}%2F", a.port)))
-    {
-        assert!(Instant::now() < end, "killed provider's entry still there");
+    b.kill();
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (s, _) = call(gw.addr, "/v1").await;
+        if s == 503 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "/v1 still {s} after its providers died"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let left = zk.providers(DEMO).await;
+    for p in [a.port, b.port] {
+        assert!(
+            !left.iter().any(|e| e.contains(&format!("%3A{p}%2F"))),
+            "{p} still registered"
+        );
+    }
+    // The 2.0.0 provider is untouched.
+    assert_eq!(call(gw.addr, "/v2g").await, (200, Some(c.port)));
     drop(zc);
     drop(c);
 }
@@ -508,7 +521,7 @@ async fn provider_killed_mid_load_fails_over_and_comes_back() {
     eprintln!("kill mid-load: {ok_n} answered, {bad_n} failed");
     // With `retries` (the calls are idempotent), a call cut by the kill goes to the other provider: no error.
     assert_eq!(bad_n, 0, "{bad_n} of {} requests failed", ok_n + bad_n);
-    // Out of rotation: every answer after the entry went is the survivor's.
+    // Every answer is the survivor's (that the dead node also left the node list: the first test's 503).
     let t = tally(gw.addr, "/v1", 20).await;
     assert_eq!(t.get(&(200, Some(b.port))), Some(&20), "{t:?}");
 
