@@ -537,13 +537,17 @@ async fn zookeeper_outage_keeps_the_last_nodes_and_resyncs() {
     }
     let mut zk = Zk::start().await;
     let routes = route("v1", "zookeeper", DEMO, "1.0.0", None, "");
-    let a = Provider::start(&zk, None, "1.0.0", None);
+    let mut a = Provider::start(&zk, None, "1.0.0", None);
+    let mut c = Provider::start(&zk, None, "1.0.0", None);
     // A short session: the outage below outlives it, so the gateway's reconnect needs a new session.
     let gw = sluice(&zk, &routes, 2.0).await;
     wait_served_by(gw.addr, "/v1", a.port, Duration::from_secs(20)).await;
+    wait_served_by(gw.addr, "/v1", c.port, Duration::from_secs(20)).await;
 
     zk.kill();
-    // Zookeeper down: the last known node keeps serving, for longer than the session timeout.
+    // Zookeeper down: the last known nodes keep serving, for longer than the session timeout; one of them dies
+    // meanwhile (its entry can only go once Zookeeper is back), the other takes its calls.
+    c.kill();
     let t0 = Instant::now();
     let mut n = 0;
     while t0.elapsed() < Duration::from_secs(5) {
@@ -555,7 +559,24 @@ async fn zookeeper_outage_keeps_the_last_nodes_and_resyncs() {
 
     // Back, with a provider that registers after the outage: picked up.
     zk.restart().await;
-    let b = Provider::start(&zk, None, "1.0.0", None);
+    let mut b = Provider::start(&zk, None, "1.0.0", None);
     wait_served_by(gw.addr, "/v1", b.port, Duration::from_secs(40)).await;
     wait_served_by(gw.addr, "/v1", a.port, Duration::from_secs(40)).await;
+    // What changed while the gateway was away is followed too: the provider that died during the outage left with
+    // its session after the restart. With the other two gone as well, no node is left: 503, not a stale 502.
+    a.kill();
+    b.kill();
+    let end = Instant::now() + Duration::from_secs(40);
+    loop {
+        let (s, _) = call(gw.addr, "/v1").await;
+        if s == 503 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "/v1 still {s}: a dead provider is still a node"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(zk.providers(DEMO).await.is_empty());
 }
