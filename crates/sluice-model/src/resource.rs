@@ -299,10 +299,31 @@ pub struct Upstream {
     pub tls: Option<UpstreamTls>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub labels: Option<Map<String, Value>>,
+    /// Service discovery (APISIX's fields): the nodes come from `discovery_type`'s registry under
+    /// `service_name`, narrowed by `discovery_args`, instead of `nodes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discovery_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discovery_args: Option<Map<String, Value>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub create_time: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub update_time: Option<i64>,
+}
+
+/// Where the nodes of upstreams with a `discovery_type` come from, as the snapshot compiler asks for them (the
+/// binary wires a registry client behind it; the data plane only sees node lists).
+pub trait Discovery: Send + Sync {
+    /// The nodes `discovery_type` knows for `service_name` and `args` (empty while none are known); `None` when
+    /// no discovery of that type is configured.
+    fn nodes(
+        &self,
+        discovery_type: &str,
+        service_name: &str,
+        args: Option<&Map<String, Value>>,
+    ) -> Option<Vec<Node>>;
 }
 
 impl Default for Upstream {
@@ -325,6 +346,9 @@ impl Default for Upstream {
             checks: None,
             tls: None,
             labels: None,
+            discovery_type: None,
+            service_name: None,
+            discovery_args: None,
             create_time: None,
             update_time: None,
         }

@@ -60,7 +60,7 @@ fn schema() -> Value {
             "attachments": {"description": "Sluice: attachments every call carries",
                             "type": "object", "maxProperties": 64,
                             "additionalProperties": {"type": "string"}},
-            "retries": {"description": "Sluice: how many times a call that failed in transit or timed out (also a provider timeout or full thread pool) is repeated on the same provider, as Dubbo's failover does; only for idempotent methods",
+            "retries": {"description": "Sluice: how many times a call that failed in transit or timed out (also a provider timeout or full thread pool) is repeated, on a provider not tried yet when there is one, as Dubbo's failover does; only for idempotent methods",
                         "type": "integer", "minimum": 0, "maximum": 10, "default": 0}
         },
         "required": ["service_name", "service_version"]
@@ -163,25 +163,35 @@ fn response_of(
         _ => Err(CallFailure {
             sent: true,
             timeout: false,
+            retry: false,
             message: "dubbo: the provider answered with something else than a response".into(),
         }),
     }
 }
 
-/// Whether a `retries` repeat applies: the call failed on the way, timed out, or the provider answered a timeout
-/// or a full thread pool (Dubbo's failover repeats those; an exception or a bad request is final).
-fn retryable(r: &Result<Message, CallFailure>) -> bool {
+/// The failure a `retries` repeat is asked with, when one applies: the call failed on the way (connection reset
+/// or closed, no answer in time) or the provider answered a timeout or a full thread pool (Dubbo's failover
+/// repeats those; an exception or a bad request is final).
+fn retryable(addr: std::net::SocketAddr, r: &Result<Message, CallFailure>) -> Option<CallFailure> {
     use sluice_dubbo::protocol::Status;
     match r {
-        // One that never reached the provider goes to the route's next node instead (the proxy's failover).
-        Err(f) => f.sent,
-        Ok(Message::Response { status, .. }) => matches!(
-            *status,
-            Status::CLIENT_TIMEOUT
-                | Status::SERVER_TIMEOUT
-                | Status::SERVER_THREADPOOL_EXHAUSTED_ERROR
-        ),
-        Ok(_) => false,
+        // One that never reached the provider goes to the route's next node anyway (the proxy's failover, under
+        // the upstream's `retries`).
+        Err(f) if f.sent => Some(CallFailure {
+            retry: true,
+            ..f.clone()
+        }),
+        Err(_) => None,
+        Ok(Message::Response { status, .. }) => {
+            let timeout = matches!(*status, Status::CLIENT_TIMEOUT | Status::SERVER_TIMEOUT);
+            (timeout || *status == Status::SERVER_THREADPOOL_EXHAUSTED_ERROR).then(|| CallFailure {
+                sent: true,
+                timeout,
+                retry: true,
+                message: format!("dubbo {addr}: the provider answered status {}", status.0),
+            })
+        }
+        Ok(_) => None,
     }
 }
 
@@ -307,19 +317,21 @@ impl Plugin for DubboProxy {
             invoke::dubbo_proxy_request(&self.service, &method, headers, ctx.body.unwrap_or(&[]))
         };
         let req = Rc::new(req);
-        let (multiplex, generic, retries) = (self.multiplex, self.generic, self.retries);
+        let (multiplex, generic) = (self.multiplex, self.generic);
+        // The proxy calls this once per try; what is left of `retries` is this request's.
+        let left = Rc::new(std::cell::Cell::new(self.retries));
         ctx.call_upstream(Rc::new(move |addr, t| {
-            let req = req.clone();
+            let (req, left) = (req.clone(), left.clone());
             Box::pin(async move {
-                let mut left = retries;
-                let m = loop {
-                    let r = client::call(addr, &req, multiplex, t.connect, t.read).await;
-                    if left == 0 || !retryable(&r) {
-                        break r?;
+                let r = client::call(addr, &req, multiplex, t.connect, t.read).await;
+                if left.get() > 0 {
+                    if let Some(f) = retryable(addr, &r) {
+                        // Repeated by the proxy, on another provider when there is one (failover).
+                        left.set(left.get() - 1);
+                        return Err(f);
                     }
-                    left -= 1;
-                    tracing::debug!("dubbo call repeated ({left} retries left)");
-                };
+                }
+                let m = r?;
                 if generic {
                     generic_answer(m)
                 } else {

@@ -112,11 +112,14 @@ pub struct CallTimeouts {
 }
 
 /// Why an upstream call failed: `sent` says whether the request may have reached the node (then it is not
-/// retried on another one unless idempotent), `timeout` makes it a 504 rather than a 502.
+/// retried on another one unless `retry`), `timeout` makes it a 504 rather than a 502. `retry`: the plugin
+/// asks for another try although the call may have reached its node (it knows the call is safe to repeat); the
+/// proxy makes it on a node not tried yet when there is one, else on any node again.
 #[derive(Debug, Clone)]
 pub struct CallFailure {
     pub sent: bool,
     pub timeout: bool,
+    pub retry: bool,
     pub message: String,
 }
 

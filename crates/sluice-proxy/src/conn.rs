@@ -1035,8 +1035,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             .unwrap_or(up.nodes.len().saturating_sub(1) as u32);
         let logging = self.w.log.is_some();
         let mut tried = Tried::new();
+        // The last failure asked for a repeat (`CallFailure::retry`).
+        let mut repeat = false;
         loop {
-            let Some(node_idx) = up.balancer.pick(key.as_deref(), &tried) else {
+            let mut pick = up.balancer.pick(key.as_deref(), &tried);
+            if pick.is_none() && repeat {
+                // The plugin's repeat when every node was tried: any node again.
+                tried = Tried::new();
+                pick = up.balancer.pick(key.as_deref(), &tried);
+            }
+            let Some(node_idx) = pick else {
                 return self
                     .refuse(
                         head,
@@ -1094,7 +1102,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             };
             up.balancer.health().report_failure(node_idx, kind);
             tracing::warn!(route = %route.id, node = %node.addr, error = %f.message, "upstream call failed");
-            if !f.sent && (tried.len() as u32) <= retries {
+            // Another node for one that never reached its node (the upstream's `retries`), or the plugin's repeat
+            // (its own budget: a call it knows is safe to send again), on a node not tried yet when there is one.
+            repeat = f.retry;
+            if f.retry || (!f.sent && (tried.len() as u32) <= retries) {
                 continue;
             }
             let e = if f.timeout {
@@ -1140,7 +1151,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
 
     /// A route whose upstream cannot be served, after its plugins ran: 500 when its `type` has no balancer (as
     /// APISIX answers when its balancer module is missing), 502 when its `upstream_id` names nothing (APISIX's
-    /// `handle_upstream`). The response phases see the answer, as they see APISIX's `core.response.exit`.
+    /// `handle_upstream`), 503 when discovery has no node for it (APISIX's `set_by_route`). The response phases see the answer, as they see APISIX's `core.response.exit`.
     async fn unservable(
         &mut self,
         head: &RequestHead,
@@ -1152,7 +1163,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let up = &route.upstream;
         let (kind, why) = match (&up.unsupported, &up.missing) {
             (Some(why), _) => (Kind::Internal, why),
-            (None, Some(why)) => (Kind::NoUpstreamNode, why),
+            (None, Some((503, why))) => (Kind::Unavailable, why),
+            (None, Some((_, why))) => (Kind::NoUpstreamNode, why),
             (None, None) => return Ok(false),
         };
         tracing::error!(route = %route.id, "{why}");

@@ -32,6 +32,8 @@ pub(crate) enum Kind {
     Tls,
     /// Configured but not servable (an upstream `type` without a balancer): 500, as APISIX's failing `require`.
     Internal,
+    /// A discovered upstream without nodes: 503, as APISIX's `set_by_route`.
+    Unavailable,
 }
 
 #[derive(Debug)]
@@ -107,6 +109,7 @@ pub(crate) fn synthetic(err: &Error) -> Option<Synthetic> {
         | Kind::Tls => 502,
         Kind::ConnectTimeout | Kind::UpstreamTimeout => 504,
         Kind::Internal => 500,
+        Kind::Unavailable => 503,
     };
     Some(html_page(status))
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ahash::AHashMap;
-use sluice_model::{merge_route_service, Id, Resources, Timeout, Upstream};
+use sluice_model::{merge_route_service, Discovery, Id, Resources, Timeout, Upstream};
 use sluice_plugins::{Chain, CompileEnv, Shared};
 use sluice_router::{RouteSpec, Router, Var};
 use sluice_upstream::{Balancer, LbKind, NodeSpec};
@@ -19,6 +19,8 @@ use crate::health_check::{self, ActiveCheck, Checks};
 use crate::tls;
 use crate::tls_server::SniTable;
 
+#[cfg(test)]
+mod discovery_tests;
 mod reuse;
 mod split;
 
@@ -131,8 +133,10 @@ pub(crate) struct UpstreamRt {
     /// still loads.
     pub unsupported: Option<Box<str>>,
     /// Stands for an `upstream_id` that names no upstream (deleted with `?force=true`): the request runs its
-    /// plugins, then gets 502, as APISIX's `handle_upstream`. Such a runtime has no nodes.
-    pub missing: Option<Box<str>>,
+    /// plugins, then gets 502, as APISIX's `handle_upstream`; or for a discovered upstream without nodes (none
+    /// known, or its `discovery_type` not configured): 503, as APISIX's `set_by_route`. Such a runtime has no
+    /// nodes. The status and the reason logged.
+    pub missing: Option<(u16, Box<str>)>,
 }
 
 impl UpstreamRt {
@@ -158,7 +162,19 @@ impl UpstreamRt {
             source: Upstream::default(),
             client_ssl: None,
             unsupported: None,
-            missing: Some(format!("failed to fetch upstream info by upstream id [{id}]").into()),
+            missing: Some((
+                502,
+                format!("failed to fetch upstream info by upstream id [{id}]").into(),
+            )),
+        }
+    }
+
+    /// A discovered upstream without nodes: every request 503 with `why` logged (see `missing`).
+    fn unavailable(u: &Upstream, why: String) -> UpstreamRt {
+        UpstreamRt {
+            source: u.clone(),
+            missing: Some((503, why.into())),
+            ..UpstreamRt::missing("")
         }
     }
 }
@@ -241,16 +257,58 @@ impl Snapshot {
         shared: &Shared,
         prev: Option<&Snapshot>,
     ) -> Result<Prepared, String> {
+        Self::prepare_discovered(res, revision, shared, prev, None)
+    }
+
+    /// [`Snapshot::compile_next`] with the nodes of upstreams that name a `discovery_type` from `discovery`.
+    pub fn compile_discovered(
+        res: &Resources,
+        revision: u64,
+        shared: &Shared,
+        prev: Option<&Snapshot>,
+        discovery: Option<&dyn Discovery>,
+    ) -> Result<Snapshot, String> {
+        Self::prepare_discovered(res, revision, shared, prev, discovery)?.finish()
+    }
+
+    /// [`Snapshot::prepare_next`] with the nodes of upstreams that name a `discovery_type` from `discovery`:
+    /// such an upstream compiles as if its nodes were written in it, so an unchanged node list keeps the runtime
+    /// (health, balancer state) and a changed one inherits it by node address, as any upstream edit does.
+    pub fn prepare_discovered(
+        res: &Resources,
+        revision: u64,
+        shared: &Shared,
+        prev: Option<&Snapshot>,
+        discovery: Option<&dyn Discovery>,
+    ) -> Result<Prepared, String> {
         let mut upstreams: AHashMap<Box<str>, Arc<UpstreamRt>> = AHashMap::new();
         let ssls: tls::SslsById = res.ssls.iter().map(|s| (s.id.0.as_str(), s)).collect();
         let mut runtime = |key: String, u: &Upstream| -> Result<Arc<UpstreamRt>, String> {
+            let resolved;
+            let (u, empty) = match discover(u, discovery) {
+                Discovered::Static => (u, None),
+                Discovered::Nodes(r) => {
+                    resolved = r;
+                    (&*resolved, None)
+                }
+                Discovered::None(why) => (u, Some(why)),
+            };
             let old = prev.and_then(|p| p.upstreams.get(key.as_str()));
             let client_ssl = match &u.tls {
                 Some(t) => tls::client_ssl(t, &ssls)?,
                 None => None,
             };
             let rt = match old {
-                Some(o) if o.source == *u && o.client_ssl.as_ref() == client_ssl => o.clone(),
+                Some(o)
+                    if o.source == *u
+                        && o.client_ssl.as_ref() == client_ssl
+                        && o.missing.as_ref().map(|m| &*m.1) == empty.as_deref() =>
+                {
+                    o.clone()
+                }
+                _ if empty.is_some() => {
+                    Arc::new(UpstreamRt::unavailable(u, empty.unwrap_or_default()))
+                }
                 _ => {
                     let rt = compile_upstream(u, &ssls)?;
                     if let Some(o) = old {
@@ -297,7 +355,19 @@ impl Snapshot {
         let mut missing_up: Option<Arc<UpstreamRt>> = None;
         for r in res.routes.iter().filter(|r| r.enabled()) {
             route_meta.push(route_meta_of(r, &services));
-            if let Some((spec, compiled, inline)) = cache.reuse(r, &shared_ups, routes.len() as u32)
+            // A route with an inline discovered upstream compiles again (its nodes may have changed; the upstream
+            // runtime is still kept when they did not).
+            let discovered_inline = r
+                .upstream
+                .as_ref()
+                .or_else(|| {
+                    let s = r.service_id.as_ref().and_then(|id| services.get(id))?;
+                    s.upstream.as_ref()
+                })
+                .is_some_and(|u| u.discovery_type.is_some());
+            if let Some((spec, compiled, inline)) = cache
+                .reuse(r, &shared_ups, routes.len() as u32)
+                .filter(|_| !discovered_inline)
             {
                 if inline {
                     let key = format!("r:{}", r.id).into_boxed_str();
@@ -472,6 +542,33 @@ impl Prepared {
             format!("route {id}: {}", e.reason)
         })?;
         Ok(snap)
+    }
+}
+
+/// What discovery gives an upstream.
+enum Discovered {
+    /// No `discovery_type`: its own `nodes`.
+    Static,
+    /// The upstream with the discovered nodes in `nodes`.
+    Nodes(Box<Upstream>),
+    /// No node: why (APISIX's words), for the log of each 503.
+    None(String),
+}
+
+fn discover(u: &Upstream, discovery: Option<&dyn Discovery>) -> Discovered {
+    let Some(kind) = u.discovery_type.as_deref() else {
+        return Discovered::Static;
+    };
+    let service = u.service_name.as_deref().unwrap_or_default();
+    match discovery.and_then(|d| d.nodes(kind, service, u.discovery_args.as_ref())) {
+        None => Discovered::None(format!("discovery {kind} is uninitialized")),
+        Some(nodes) if nodes.is_empty() => Discovered::None(format!(
+            "no valid upstream node: no {kind} provider of {service:?}"
+        )),
+        Some(nodes) => Discovered::Nodes(Box::new(Upstream {
+            nodes: sluice_model::Nodes::List(nodes),
+            ..u.clone()
+        })),
     }
 }
 

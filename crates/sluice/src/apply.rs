@@ -5,13 +5,14 @@
 //! candidate (same token), the applier finishes the kept one (the router over every route) instead of compiling
 //! again. Anything else (etcd watch events, a candidate that lost a race) compiles as the successor of the
 //! serving snapshot. The applier works off the control thread and only ever looks at the newest published
-//! configuration, so writes that land during one router build are applied by the next one together. Not here:
-//! the providers and the Admin API themselves.
+//! configuration, so writes that land during one router build are applied by the next one together. A change
+//! of discovered nodes (`sluice-discovery`) recompiles the current configuration the same way: upstreams whose
+//! nodes did not change keep their runtime. Not here: the providers and the Admin API themselves.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use sluice_model::Resources;
+use sluice_model::{Discovery, Resources};
 use sluice_plugins::Shared;
 use sluice_proxy::{Gateway, Prepared, Snapshot};
 use sluice_store::{ConfigRx, Versioned};
@@ -22,16 +23,27 @@ pub struct Applier {
     /// The newest dry run's prepared compile, by token.
     kept: Mutex<Option<(u64, Prepared)>>,
     tokens: AtomicU64,
+    /// Nodes of upstreams with a `discovery_type` (config.yaml's `discovery`).
+    discovery: Option<Arc<dyn Discovery>>,
 }
 
 impl Applier {
-    pub fn new(shared: Arc<Shared>, gateway: Gateway) -> Arc<Applier> {
+    pub fn new(
+        shared: Arc<Shared>,
+        gateway: Gateway,
+        discovery: Option<Arc<dyn Discovery>>,
+    ) -> Arc<Applier> {
         Arc::new(Applier {
             shared,
             gateway,
             kept: Mutex::new(None),
             tokens: AtomicU64::new(0),
+            discovery,
         })
+    }
+
+    fn discovery(&self) -> Option<&dyn Discovery> {
+        self.discovery.as_deref()
     }
 
     fn kept(&self) -> MutexGuard<'_, Option<(u64, Prepared)>> {
@@ -41,7 +53,8 @@ impl Applier {
     /// The Admin API's dry run: prepares `res` with the live plugin state and keeps the result; returns its token.
     pub fn dry_run(&self, res: &Resources) -> Result<u64, String> {
         let prev = self.gateway.snapshot();
-        let snap = Snapshot::prepare_next(res, 0, &self.shared, Some(&prev))?;
+        let snap =
+            Snapshot::prepare_discovered(res, 0, &self.shared, Some(&prev), self.discovery())?;
         let token = self.tokens.fetch_add(1, Ordering::Relaxed) + 1;
         *self.kept() = Some((token, snap));
         Ok(token)
@@ -64,21 +77,75 @@ impl Applier {
                 _ => {}
             }
         }
-        let prev = self.gateway.snapshot();
-        Snapshot::compile_next(&v.resources, v.revision, &self.shared, Some(&prev))
-            .map(|s| (s, false))
+        self.compile_fresh(v).map(|s| (s, false))
     }
 
-    /// Follows `rx` until it closes: compile (or take), publish, report the applied revision.
-    pub async fn run(self: Arc<Self>, mut rx: ConfigRx, applied: tokio::sync::watch::Sender<u64>) {
-        while rx.changed().await.is_ok() {
+    /// `v` compiled as the successor of the serving snapshot, without looking at kept dry runs.
+    fn compile_fresh(&self, v: &Versioned) -> Result<Snapshot, String> {
+        let prev = self.gateway.snapshot();
+        Snapshot::compile_discovered(
+            &v.resources,
+            v.revision,
+            &self.shared,
+            Some(&prev),
+            self.discovery(),
+        )
+    }
+
+    /// Follows `rx` until it closes: compile (or take), publish, report the applied revision. A change of
+    /// `discovered` (discovered nodes) recompiles the current configuration.
+    pub async fn run(
+        self: Arc<Self>,
+        mut rx: ConfigRx,
+        applied: tokio::sync::watch::Sender<u64>,
+        mut discovered: Option<tokio::sync::watch::Receiver<u64>>,
+    ) {
+        loop {
+            let nodes_changed = async {
+                match discovered.as_mut() {
+                    Some(d) => d.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            // Some(true): discovered nodes changed; Some(false): discovery ended; None: a configuration change.
+            let nodes = tokio::select! {
+                r = rx.changed() => {
+                    if r.is_err() {
+                        break;
+                    }
+                    None
+                }
+                ok = nodes_changed => Some(ok),
+            };
+            let fresh = match nodes {
+                Some(false) => {
+                    discovered = None;
+                    continue;
+                }
+                Some(true) => {
+                    if let Some(d) = discovered.as_mut() {
+                        d.borrow_and_update();
+                    }
+                    true
+                }
+                None => false,
+            };
             // Only the newest value: writes that landed meanwhile are applied together.
             let v = rx.borrow_and_update().clone();
             let t0 = std::time::Instant::now();
             // Off the control thread: the Admin API keeps answering (and writes keep landing) meanwhile.
             let me = self.clone();
             let vv = v.clone();
-            let next = match tokio::task::spawn_blocking(move || me.next_snapshot(&vv)).await {
+            // Discovered nodes changed: the same configuration compiled as the serving snapshot's successor.
+            let next = match tokio::task::spawn_blocking(move || {
+                if fresh {
+                    me.compile_fresh(&vv).map(|s| (s, false))
+                } else {
+                    me.next_snapshot(&vv)
+                }
+            })
+            .await
+            {
                 Ok(r) => r,
                 Err(e) => Err(format!("applier task failed: {e}")),
             };
@@ -125,7 +192,7 @@ mod tests {
     #[test]
     fn kept_dry_run_is_published_once_and_only_for_its_token() {
         let gw = Gateway::new(ProxyConfig::default(), Snapshot::empty());
-        let a = Applier::new(Arc::new(Shared::default()), gw);
+        let a = Applier::new(Arc::new(Shared::default()), gw, None);
         let t1 = a.dry_run(&resources("/a")).expect("dry run");
         let t2 = a.dry_run(&resources("/b")).expect("dry run");
         assert!(t2 > t1 && t1 > 0);

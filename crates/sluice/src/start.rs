@@ -131,8 +131,20 @@ pub fn run(
                 (store.subscribe(), Some(store), Some(data_lock))
             };
 
+        // Service discovery (config.yaml's `discovery`): watchers on this runtime; upstreams with a
+        // `discovery_type` compile with the nodes they last saw, and a change recompiles (the applier).
+        let (registry, discovered) =
+            sluice_discovery::Registry::start(loaded.checked.doc.get("discovery"))?;
+        let discovery: Option<Arc<dyn sluice_model::Discovery>> = Some(registry);
+        let discovered = Some(discovered);
         let initial = rx.borrow_and_update().clone();
-        let snapshot = Snapshot::compile_with(&initial.resources, initial.revision, &plugin_state)?;
+        let snapshot = Snapshot::compile_discovered(
+            &initial.resources,
+            initial.revision,
+            &plugin_state,
+            None,
+            discovery.as_deref(),
+        )?;
         // node_listen (cleartext) and apisix.ssl.listen (TLS, 9443 unless disabled).
         let listeners = Listeners::bind_kinds(&addrs, workers)
             .map_err(|e| format!("binding {addrs:?}: {e}"))?;
@@ -149,7 +161,7 @@ pub fn run(
             .start(listeners)
             .map_err(|e| format!("starting workers: {e}"))?;
         let (applied_tx, applied_rx) = tokio::sync::watch::channel(initial.revision);
-        let applier = Applier::new(plugin_state.clone(), gateway.clone());
+        let applier = Applier::new(plugin_state.clone(), gateway.clone(), discovery);
         // The node registry (etcd): off the request path, on this runtime; the key lives as long as the applier.
         if let (Some(store), Some(info)) = (&store, &server_info) {
             store.announce(
@@ -195,7 +207,7 @@ pub fn run(
             "sluice started"
         );
 
-        tokio::spawn(applier.run(rx, applied_tx));
+        tokio::spawn(applier.run(rx, applied_tx, discovered));
         let stop = loop {
             match signals.next().await {
                 Sig::Hup => side.reload().await,

@@ -27,6 +27,15 @@ pub fn run(config: &Path, apisix_yaml: Option<PathBuf>) -> Result<Vec<String>, S
             .join(" ")
     ));
     sluice_store::control_addr(&loaded.text)?;
+    if let Some(zk) = loaded.checked.doc.pointer("/discovery/zookeeper") {
+        let zk = sluice_discovery::ZkConfig::from_value(zk)?;
+        out.push(format!(
+            "{}: zookeeper discovery on {} under {}",
+            config.display(),
+            zk.connect_string,
+            zk.root
+        ));
+    }
     if provider == "etcd" {
         sluice_store::etcd::EtcdConfig::from_node_config(node)?;
     }

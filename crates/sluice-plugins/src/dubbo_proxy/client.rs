@@ -74,6 +74,7 @@ fn failure(sent: bool, timeout: bool, message: impl Into<String>) -> CallFailure
     CallFailure {
         sent,
         timeout,
+        retry: false,
         message: message.into(),
     }
 }

@@ -7,7 +7,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::{request, target_dir, Gw};
+
+#[path = "../../tools/dubbo-java-peer/peer_build.rs"]
+mod peer_build;
 
 struct Provider {
     addr: SocketAddr,
@@ -31,94 +34,12 @@ impl Drop for Provider {
     }
 }
 
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            sources(&p, out);
-        } else {
-            out.push(p);
-        }
-    }
-}
-
 /// The provider's classpath (its jar and Maven's copies of its dependencies), built once per source version.
 fn classpath() -> Option<String> {
     static CP: OnceLock<Option<String>> = OnceLock::new();
     CP.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/dubbo-java-peer");
-        let mut files = Vec::new();
-        sources(&src, &mut files);
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for f in &files {
-            let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
-            for b in rel.bytes().chain(std::fs::read(f).unwrap()) {
-                h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-            }
-        }
-        let out = target_dir().join(format!("dubbo-java-peer/{h:016x}"));
-        let cp = |d: &Path| {
-            format!(
-                "{}:{}/*",
-                d.join("target/dubbo-java-peer-1.0.jar").display(),
-                d.join("target/lib").display()
-            )
-        };
-        if out.join("target/dubbo-java-peer-1.0.jar").exists() {
-            return Some(cp(&out));
-        }
-        for tool in ["java", "mvn"] {
-            if Command::new(tool)
-                .arg("-version")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_err()
-            {
-                super::ci::skip_unless_ci(&format!(
-                    "the Java Dubbo provider needs `{tool}` (Debian: openjdk-17-jdk-headless maven)"
-                ));
-                return None;
-            }
-        }
-        // Built in a scratch copy renamed into place: a concurrent or interrupted build never leaves half of one.
-        let tmp = out.with_extension(format!("tmp{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).unwrap();
-        let st = Command::new("cp")
-            .arg("-r")
-            .arg(src.join("pom.xml"))
-            .arg(src.join("src"))
-            .arg(&tmp)
-            .status()
-            .unwrap();
-        assert!(st.success());
-        let t0 = Instant::now();
-        let st = Command::new("mvn")
-            .args([
-                "-q",
-                "-B",
-                "package",
-                "dependency:copy-dependencies",
-                "-DoutputDirectory=target/lib",
-            ])
-            .current_dir(&tmp)
-            .status()
-            .expect("run mvn");
-        assert!(
-            st.success(),
-            "mvn build of the Java Dubbo provider failed: {st}"
-        );
-        eprintln!("built the Java Dubbo provider in {:?}", t0.elapsed());
-        if std::fs::rename(&tmp, &out).is_err() {
-            // Another process built it meanwhile.
-            let _ = std::fs::remove_dir_all(&tmp);
-        }
-        Some(cp(&out))
+        peer_build::classpath(&src, &target_dir(), super::ci::skip_unless_ci)
     })
     .clone()
 }
@@ -646,6 +567,100 @@ fn java_retries_repeat_a_timed_out_call() {
     let gw = generic_gw(p, json!({"retries": 1}), Some(1.0));
     let r = call(&gw, "slowFirst", &body("retry"));
     assert_eq!((r.status, r.json()), (200, json!("again")), "{r:?}");
+}
+
+/// `retries` is failover: a call that timed out on a frozen provider (it accepts and never answers, as a JVM
+/// stopped in a pause or behind a cut link) is repeated on the other provider, not on the same one again (which
+/// answered 504 for every call that went to it first before).
+#[test]
+fn java_retries_go_to_another_provider() {
+    let Some(p) = provider() else { return };
+    let (frozen_addr, _) = frozen_provider();
+    let conf =
+        json!({"service_name": TYPES, "service_version": "1.0.0", "generic": true, "retries": 1});
+    let gw = Gw::start(json!({"routes": [{"id": "t", "uri": "/types",
+        "plugins": {"dubbo-proxy": conf},
+        "upstream": {"type": "roundrobin", "nodes": {p.to_string(): 1, frozen_addr.to_string(): 1},
+                     "timeout": {"connect": 1.0, "send": 1.0, "read": 1.0}}}]}));
+    // Round robin over both: half of the calls try the frozen one first.
+    for i in 0..4 {
+        let r = call(&gw, "ping", "");
+        assert_eq!(
+            (r.status, r.json()),
+            (200, json!("pong")),
+            "call {i}: {r:?}"
+        );
+    }
+    // Without retries the frozen provider's share times out.
+    let conf = json!({"service_name": TYPES, "service_version": "1.0.0", "generic": true});
+    let gw = Gw::start(json!({"routes": [{"id": "t", "uri": "/types",
+        "plugins": {"dubbo-proxy": conf},
+        "upstream": {"type": "roundrobin", "nodes": {p.to_string(): 1, frozen_addr.to_string(): 1},
+                     "timeout": {"connect": 1.0, "send": 1.0, "read": 1.0}}}]}));
+    let statuses: Vec<u16> = (0..4).map(|_| call(&gw, "ping", "").status).collect();
+    assert!(
+        statuses.contains(&504) && statuses.contains(&200),
+        "{statuses:?}"
+    );
+}
+
+/// A provider that accepts and reads but never answers; counts the Dubbo calls (not heartbeats) it got.
+fn frozen_provider() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::Read as _;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let n = calls.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming().take(64) {
+            let Ok(mut c) = c else { continue };
+            let n = n.clone();
+            std::thread::spawn(move || {
+                let mut head = [0u8; 16];
+                while c.read_exact(&mut head).is_ok() {
+                    let len = u32::from_be_bytes([head[12], head[13], head[14], head[15]]) as u64;
+                    // Flag byte: 0x80 request, 0x20 event (heartbeat).
+                    if head[2] & 0x80 != 0 && head[2] & 0x20 == 0 {
+                        n.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if std::io::copy(&mut (&mut c).take(len), &mut std::io::sink()).is_err() {
+                        break;
+                    }
+                }
+                // Held open, never answered, until the test process ends.
+                std::thread::park();
+            });
+        }
+    });
+    (addr, calls)
+}
+
+/// Passive health: a call that timed out on a frozen provider is reported, the provider leaves rotation, and
+/// later calls never reach it (they do not wait `timeout.read` on it first).
+#[test]
+fn java_frozen_provider_leaves_rotation_by_passive_health() {
+    use std::sync::atomic::Ordering;
+    let Some(p) = provider() else { return };
+    let (frozen, calls) = frozen_provider();
+    let conf =
+        json!({"service_name": TYPES, "service_version": "1.0.0", "generic": true, "retries": 1});
+    let gw = Gw::start(json!({"routes": [{"id": "t", "uri": "/types",
+        "plugins": {"dubbo-proxy": conf},
+        "upstream": {"type": "roundrobin", "nodes": {p.to_string(): 1, frozen.to_string(): 1},
+                     "timeout": {"connect": 1.0, "send": 1.0, "read": 1.0},
+                     "checks": {"active": {"type": "tcp"},
+                                "passive": {"type": "tcp", "unhealthy": {"timeouts": 1}}}}}]}));
+    for i in 0..10 {
+        let r = call(&gw, "ping", "");
+        assert_eq!(
+            (r.status, r.json()),
+            (200, json!("pong")),
+            "call {i}: {r:?}"
+        );
+    }
+    // Round robin would have sent it five; the first timeout took it out.
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
 fn http_dubbo_gw(p: SocketAddr, routes: &[(&str, Value)]) -> Gw {

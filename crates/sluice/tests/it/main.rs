@@ -24,3 +24,4 @@ mod secrets;
 mod seed;
 mod shutdown;
 mod support;
+mod zookeeper;

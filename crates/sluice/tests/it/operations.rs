@@ -522,6 +522,39 @@ fn sluice_test(config: &str, apisix_yaml: Option<&str>) -> (bool, String) {
 const STANDALONE: &str = "apisix:\n  node_listen: 9080\n\
     deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n";
 
+/// `discovery.zookeeper` is checked as `sluice start` reads it; a discovered upstream compiles without nodes.
+#[test]
+fn sluice_test_checks_the_zookeeper_discovery_section() {
+    let routes = "routes:\n  - id: 1\n    uri: /a\n    upstream:\n      type: roundrobin\n\
+                  \x20     discovery_type: zookeeper\n      service_name: a.B\n#END\n";
+    let zk = |extra: &str| {
+        format!("{STANDALONE}discovery:\n  zookeeper:\n    hosts: [\"127.0.0.1:2181\"]\n{extra}")
+    };
+    let (ok, out) = sluice_test(&zk(""), Some(routes));
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("zookeeper discovery on 127.0.0.1:2181 under /dubbo"),
+        "{out}"
+    );
+    let (ok, out) = sluice_test(&zk("    root: dubbo\n"), Some(routes));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("discovery.zookeeper.root: an absolute Zookeeper path"),
+        "{out}"
+    );
+    let (ok, out) = sluice_test(&zk("    sesion_timeout: 3\n"), Some(routes));
+    assert!(
+        !ok && out.contains("unknown key discovery.zookeeper.sesion_timeout"),
+        "{out}"
+    );
+    // Other registries are APISIX's: accepted with a warning, not read.
+    let (ok, out) = sluice_test(
+        &format!("{STANDALONE}discovery:\n  nacos:\n    host: [\"http://127.0.0.1:8848\"]\n"),
+        Some(routes),
+    );
+    assert!(ok, "{out}");
+}
+
 #[test]
 fn sluice_test_checks_config_yaml_and_apisix_yaml() {
     let good_routes = route_yaml("1", "/a", ([127, 0, 0, 1], 1980).into());

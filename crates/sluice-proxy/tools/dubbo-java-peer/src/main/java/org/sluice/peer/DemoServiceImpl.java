@@ -18,6 +18,8 @@ public class DemoServiceImpl implements DemoService {
         Object status = context.get("x-status");
         ret.put("status", status == null ? "200" : status.toString());
         ret.put("x-provider", "java");
+        // Which provider answered (the discovery tests run several).
+        ret.put("x-provider-port", System.getProperty("port", ""));
         ret.put("body", sb.toString().getBytes(StandardCharsets.UTF_8));
         return ret;
     }

@@ -7,7 +7,9 @@ import org.apache.dubbo.config.ServiceConfig;
 import org.apache.dubbo.config.bootstrap.DubboBootstrap;
 
 /**
- * DemoService and TypesService (version 1.0.0) on `-Dport`, dubbo protocol + hessian2, no registry. Dubbo refuses
+ * DemoService and TypesService (`-Dversion`, default 1.0.0; `-Dgroup`, default none) on `-Dport`, dubbo protocol +
+ * hessian2. No registry unless `-Dregistry=zookeeper://127.0.0.1:2181` is given: then both register there (their
+ * ephemeral nodes under /dubbo/{interface}/providers, `-Dregistry.session` ms of Zookeeper session). Dubbo refuses
  * to bind to 127.x (it binds every address instead), so the tests pass `-Dhost=::1`: loopback only.
  */
 public class Provider {
@@ -21,9 +23,18 @@ public class Provider {
         proto.setThreads(Integer.getInteger("threads", 200));
         ApplicationConfig app = new ApplicationConfig("sluice-java-peer");
         app.setQosEnable(false);
+        String registry = System.getProperty("registry", RegistryConfig.NO_AVAILABLE);
+        RegistryConfig reg = new RegistryConfig(registry);
+        if (!RegistryConfig.NO_AVAILABLE.equals(registry)) {
+            reg.setSession(Integer.getInteger("registry.session", 60000));
+            // Interface-level registration only (/dubbo/{interface}/providers), what Sluice's discovery reads.
+            reg.setRegisterMode("interface");
+            reg.setUseAsConfigCenter(false);
+            reg.setUseAsMetadataCenter(false);
+        }
         DubboBootstrap.getInstance()
             .application(app)
-            .registry(new RegistryConfig(RegistryConfig.NO_AVAILABLE))
+            .registry(reg)
             .protocol(proto)
             .service(service(DemoService.class, new DemoServiceImpl()))
             .service(service(TypesService.class, new TypesServiceImpl()))
@@ -50,7 +61,11 @@ public class Provider {
         ServiceConfig<T> svc = new ServiceConfig<>();
         svc.setInterface(iface);
         svc.setRef(impl);
-        svc.setVersion("1.0.0");
+        svc.setVersion(System.getProperty("version", "1.0.0"));
+        String group = System.getProperty("group");
+        if (group != null && !group.isEmpty()) {
+            svc.setGroup(group);
+        }
         return svc;
     }
 }

@@ -1,0 +1,55 @@
+//! Service discovery for upstreams that name a `discovery_type` (APISIX's `discovery_type` / `service_name` /
+//! `discovery_args`), wired by the binary: a [`Registry`] answers the snapshot compiler's
+//! [`sluice_model::Discovery`] questions from what its watchers last saw and says when that changed, so the binary
+//! recompiles (unchanged upstreams keep their runtime). The data plane never depends on this crate.
+//!
+//! One registry so far: Zookeeper (`discovery.zookeeper` in config.yaml), Dubbo providers under
+//! `{root}/{interface}/providers`, see [`zookeeper`].
+
+pub mod provider;
+pub mod zookeeper;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Map, Value};
+use sluice_model::{Discovery, Node};
+
+pub use zookeeper::ZkConfig;
+
+/// What the watchers know, shared with the compiler.
+pub struct Registry {
+    zk: Option<zookeeper::Handle>,
+}
+
+impl Registry {
+    /// The registries `discovery` (config.yaml's section) configures, started on the current tokio runtime.
+    /// Returns the registry and a receiver whose value changes whenever discovered nodes change.
+    pub fn start(
+        discovery: Option<&Value>,
+    ) -> Result<(Arc<Registry>, tokio::sync::watch::Receiver<u64>), String> {
+        let (tx, rx) = tokio::sync::watch::channel(0u64);
+        let zk = match discovery.and_then(|d| d.get("zookeeper")) {
+            Some(v) => Some(zookeeper::Handle::spawn(ZkConfig::from_value(v)?, tx)),
+            None => None,
+        };
+        Ok((Arc::new(Registry { zk }), rx))
+    }
+}
+
+impl Discovery for Registry {
+    fn nodes(
+        &self,
+        discovery_type: &str,
+        service_name: &str,
+        args: Option<&Map<String, Value>>,
+    ) -> Option<Vec<Node>> {
+        match discovery_type {
+            "zookeeper" => Some(self.zk.as_ref()?.nodes(service_name, args)),
+            _ => None,
+        }
+    }
+}
+
+/// Last known providers by interface (`None`: not listed yet).
+type Known = Arc<Mutex<HashMap<String, Option<Vec<provider::Provider>>>>>;

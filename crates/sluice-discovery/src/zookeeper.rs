@@ -1,0 +1,409 @@
+//! Dubbo providers from Zookeeper: the children of `{root}/{interface}/providers` (one URL-encoded provider URL
+//! each, an ephemeral node that vanishes with its provider's session), for the interfaces upstreams name.
+//!
+//! One task per process holds the session. An interface is listed with a children watch the first time the
+//! compiler asks for it, and again each time its watch fires (a provider came or went); a missing providers node
+//! is watched for its creation. While Zookeeper is unreachable the client reconnects on its own and the last
+//! known providers stay in use (watches are restored by the server on reconnect); when the session expired
+//! meanwhile, a new session lists every interface again. Every change of a provider list bumps the generation the
+//! binary follows to recompile.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use serde_json::{Map, Value};
+use sluice_model::Node;
+use tokio::sync::{mpsc, watch};
+use zookeeper_client as zk;
+
+use crate::provider::{self, Provider};
+use crate::Known;
+
+/// `discovery.zookeeper` in config.yaml.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZkConfig {
+    /// `host:port,host:port` (Zookeeper's connect string).
+    pub connect_string: String,
+    /// Where Dubbo registers, `/dubbo` by default.
+    pub root: String,
+    pub session_timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl ZkConfig {
+    pub fn from_value(v: &Value) -> Result<ZkConfig, String> {
+        let bad = |k: &str, what: &str| format!("discovery.zookeeper.{k}: {what}");
+        let hosts: Vec<String> = match (v.get("hosts"), v.get("connect_string")) {
+            (Some(Value::String(s)), None) => vec![s.clone()],
+            (Some(Value::Array(l)), None) => l
+                .iter()
+                .map(|h| h.as_str().map(str::to_owned))
+                .collect::<Option<_>>()
+                .ok_or_else(|| bad("hosts", "a list of host:port strings"))?,
+            (None, Some(Value::String(s))) => vec![s.clone()],
+            (Some(_), Some(_)) => {
+                return Err("discovery.zookeeper: hosts or connect_string, not both".into())
+            }
+            _ => return Err(bad("hosts", "required (a list of host:port)")),
+        };
+        let connect_string = hosts.join(",");
+        if connect_string.is_empty() || connect_string.contains('/') {
+            return Err(bad(
+                "hosts",
+                "host:port entries without a path (use root for one)",
+            ));
+        }
+        let root = v
+            .get("root")
+            .map(|r| r.as_str().ok_or_else(|| bad("root", "a string")))
+            .transpose()?
+            .unwrap_or("/dubbo")
+            .trim_end_matches('/')
+            .to_owned();
+        if !root.is_empty() && !valid_path(&root) {
+            return Err(bad("root", "an absolute Zookeeper path such as /dubbo"));
+        }
+        let secs = |k: &str, default: f64| -> Result<Duration, String> {
+            let s = match v.get(k) {
+                None => default,
+                Some(n) => n
+                    .as_f64()
+                    .filter(|s| *s > 0.0 && *s <= 3600.0)
+                    .ok_or_else(|| bad(k, "seconds, above 0 and at most 3600"))?,
+            };
+            Ok(Duration::from_secs_f64(s))
+        };
+        Ok(ZkConfig {
+            connect_string,
+            root,
+            session_timeout: secs("session_timeout", 30.0)?,
+            connect_timeout: secs("connect_timeout", 5.0)?,
+        })
+    }
+}
+
+fn valid_path(p: &str) -> bool {
+    p.starts_with('/')
+        && p[1..]
+            .split('/')
+            .all(|s| !s.is_empty() && s != "." && s != ".." && !s.chars().any(char::is_control))
+}
+
+/// An interface name usable as one path segment.
+fn valid_interface(i: &str) -> bool {
+    !i.is_empty()
+        && i.len() <= 512
+        && i != "."
+        && i != ".."
+        && !i.contains('/')
+        && !i.chars().any(char::is_control)
+}
+
+/// The compiler's side: last known providers, and the task's inbox for interfaces not watched yet.
+pub(crate) struct Handle {
+    known: Known,
+    want: mpsc::UnboundedSender<String>,
+}
+
+impl Handle {
+    pub(crate) fn spawn(cfg: ZkConfig, changed: watch::Sender<u64>) -> Handle {
+        let known = Known::default();
+        let (want, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(cfg, known.clone(), rx, changed));
+        Handle { known, want }
+    }
+
+    /// The nodes of `interface`'s providers that match `args` (`version`, `group`, `protocol` default `dubbo`),
+    /// sorted by address; empty while the interface is not listed yet (its watch starts now).
+    pub(crate) fn nodes(&self, interface: &str, args: Option<&Map<String, Value>>) -> Vec<Node> {
+        if !valid_interface(interface) {
+            tracing::warn!(
+                interface,
+                "zookeeper discovery: not a usable interface name"
+            );
+            return Vec::new();
+        }
+        let arg = |k: &str| args.and_then(|a| a.get(k)).and_then(Value::as_str);
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(list) = known.get(interface) else {
+            known.insert(interface.to_owned(), None);
+            let _ = self.want.send(interface.to_owned());
+            return Vec::new();
+        };
+        let protocol = arg("protocol").unwrap_or("dubbo");
+        let mut seen = HashSet::new();
+        list.iter()
+            .flatten()
+            .filter(|p| provider::matches(p, protocol, arg("version"), arg("group")))
+            // One node per address (two entries of one provider, e.g. with `version: "*"`, are one node).
+            .filter(|p| seen.insert((p.host.clone(), p.port)))
+            .map(|p| Node {
+                host: p.host.clone(),
+                port: Some(p.port),
+                weight: p.weight,
+                priority: 0,
+                metadata: None,
+            })
+            .collect()
+    }
+}
+
+type Fired = Pin<Box<dyn Future<Output = String> + Send>>;
+
+async fn run(
+    cfg: ZkConfig,
+    known: Known,
+    mut want: mpsc::UnboundedReceiver<String>,
+    changed: watch::Sender<u64>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    let mut failures = 0u32;
+    loop {
+        let connect = zk::Client::connector()
+            .with_session_timeout(cfg.session_timeout)
+            .with_connection_timeout(cfg.connect_timeout)
+            .with_fail_eagerly()
+            .connect(&cfg.connect_string);
+        let client = match tokio::time::timeout(cfg.connect_timeout * 2, connect).await {
+            Ok(Ok(c)) => c,
+            r => {
+                let e = match r {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".into(),
+                };
+                // Once, then every 30th try: an outage keeps the last providers, so it is no emergency.
+                if failures.is_multiple_of(30) {
+                    tracing::warn!(hosts = %cfg.connect_string, error = %e,
+                        "zookeeper discovery: cannot connect, serving the last known providers");
+                }
+                failures += 1;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                // Interfaces asked for meanwhile are in `known`: the next session lists them all.
+                while want.try_recv().is_ok() {}
+                continue;
+            }
+        };
+        tracing::info!(hosts = %cfg.connect_string, session = ?client.session_id(), "zookeeper discovery: session established");
+        failures = 0;
+        backoff = Duration::from_millis(100);
+        session(&client, &cfg, &known, &mut want, &changed).await;
+        tracing::warn!(
+            "zookeeper discovery: session ended, reconnecting (last known providers kept)"
+        );
+    }
+}
+
+/// Follows the interfaces in `known` over one session; returns when the session is over.
+async fn session(
+    client: &zk::Client,
+    cfg: &ZkConfig,
+    known: &Known,
+    want: &mut mpsc::UnboundedReceiver<String>,
+    changed: &watch::Sender<u64>,
+) {
+    let mut state = client.state_watcher();
+    let mut watches: FuturesUnordered<Fired> = FuturesUnordered::new();
+    let mut pending: BTreeSet<String> = known
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .keys()
+        .cloned()
+        .collect();
+    let mut retry: BTreeSet<String> = BTreeSet::new();
+    // Entries skipped last time, by interface: each bad entry is logged once, not at every change of its list.
+    let mut skipped: HashMap<String, HashSet<String>> = HashMap::new();
+    loop {
+        while let Some(iface) = pending.pop_first() {
+            let path = format!("{}/{iface}/providers", cfg.root);
+            match tokio::time::timeout(cfg.session_timeout, list(client, &path)).await {
+                Ok(Ok((entries, watcher))) => {
+                    let seen = skipped.entry(iface.clone()).or_default();
+                    update(known, &iface, &entries, seen, changed);
+                    watches.push(Box::pin(async move {
+                        let _ = watcher.changed().await;
+                        iface
+                    }));
+                }
+                // The session is over: the caller starts a new one.
+                Ok(Err(
+                    zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed,
+                )) => return,
+                Ok(Err(e)) => {
+                    tracing::debug!(%path, error = %e, "zookeeper discovery: listing failed, retrying");
+                    retry.insert(iface);
+                }
+                Err(_) => {
+                    retry.insert(iface);
+                }
+            }
+        }
+        tokio::select! {
+            Some(iface) = want.recv() => { pending.insert(iface); }
+            Some(iface) = watches.next(), if !watches.is_empty() => { pending.insert(iface); }
+            s = state.changed() => {
+                if s.is_terminated() {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_millis(500)), if !retry.is_empty() => {
+                pending.append(&mut retry);
+            }
+        }
+    }
+}
+
+/// The providers node's children with a watch on them; a missing node is no provider, watched for creation.
+async fn list(
+    client: &zk::Client,
+    path: &str,
+) -> Result<(Vec<String>, zk::OneshotWatcher), zk::Error> {
+    loop {
+        match client.list_and_watch_children(path).await {
+            Err(zk::Error::NoNode) => {}
+            r => return r,
+        }
+        match client.check_and_watch_stat(path).await? {
+            (None, w) => return Ok((Vec::new(), w)),
+            // Created in between: list it.
+            (Some(_), _) => continue,
+        }
+    }
+}
+
+/// Records `interface`'s providers; a change bumps the generation. `skipped`: the entries that did not parse
+/// (logged when first seen).
+fn update(
+    known: &Known,
+    interface: &str,
+    entries: &[String],
+    skipped: &mut HashSet<String>,
+    changed: &watch::Sender<u64>,
+) {
+    let mut bad = HashSet::new();
+    let mut providers: Vec<Provider> = entries
+        .iter()
+        .filter_map(|e| match provider::parse(e) {
+            Ok(p) => Some(p),
+            Err(why) => {
+                if !skipped.contains(e) {
+                    let shown: String = e.chars().take(200).collect();
+                    tracing::warn!(interface, entry = %shown, %why, "zookeeper discovery: provider entry skipped");
+                }
+                bad.insert(e.clone());
+                None
+            }
+        })
+        .collect();
+    *skipped = bad;
+    providers.sort_by(|a, b| {
+        (&a.host, a.port, &a.version, &a.group).cmp(&(&b.host, b.port, &b.version, &b.group))
+    });
+    providers.dedup();
+    let mut k = known.lock().unwrap_or_else(|p| p.into_inner());
+    let slot = k.entry(interface.to_owned()).or_default();
+    if slot.as_ref() != Some(&providers) {
+        tracing::info!(
+            interface,
+            providers = providers.len(),
+            "zookeeper discovery: providers changed"
+        );
+        *slot = Some(providers);
+        drop(k);
+        changed.send_modify(|g| *g += 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn config_fields_and_defaults() {
+        let c =
+            ZkConfig::from_value(&json!({"hosts": ["127.0.0.1:2181", "127.0.0.2:2181"]})).unwrap();
+        assert_eq!(c.connect_string, "127.0.0.1:2181,127.0.0.2:2181");
+        assert_eq!(c.root, "/dubbo");
+        assert_eq!(c.session_timeout, Duration::from_secs(30));
+        let c = ZkConfig::from_value(
+            &json!({"connect_string": "zk:2181", "root": "/reg/", "session_timeout": 6}),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.connect_string.as_str(), c.root.as_str()),
+            ("zk:2181", "/reg")
+        );
+        assert_eq!(c.session_timeout, Duration::from_secs(6));
+        for bad in [
+            json!({}),
+            json!({"hosts": [1]}),
+            json!({"hosts": ["a:1"], "connect_string": "a:1"}),
+            json!({"hosts": ["a:1/chroot"]}),
+            json!({"hosts": ["a:1"], "root": "dubbo"}),
+            json!({"hosts": ["a:1"], "root": "/a/../b"}),
+            json!({"hosts": ["a:1"], "session_timeout": 0}),
+        ] {
+            assert!(ZkConfig::from_value(&bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn nodes_follow_args_once_per_address_and_ask_for_unknown_interfaces() {
+        let (want, mut asked) = mpsc::unbounded_channel();
+        let h = Handle {
+            known: Known::default(),
+            want,
+        };
+        let entry = |host: &str, q: &str| {
+            provider::parse(&format!("dubbo%3A%2F%2F{host}%3A20880%2Fa.B%3F{q}")).unwrap()
+        };
+        h.known.lock().unwrap().insert(
+            "a.B".into(),
+            Some(vec![
+                entry("10.0.0.1", "version%3D1.0.0%26weight%3D5"),
+                entry("10.0.0.1", "version%3D2.0.0"),
+                entry("10.0.0.2", "version%3D1.0.0%26group%3Dg"),
+                entry("10.0.0.3", "version%3D1.0.0%26enabled%3Dfalse"),
+            ]),
+        );
+        let args = |v: Value| v.as_object().cloned();
+        let hosts = |a: Option<Map<String, Value>>| -> Vec<(String, u32)> {
+            h.nodes("a.B", a.as_ref())
+                .into_iter()
+                .map(|n| (n.host, n.weight))
+                .collect()
+        };
+        assert_eq!(
+            hosts(args(json!({"version": "1.0.0"}))),
+            [("10.0.0.1".into(), 5)]
+        );
+        assert_eq!(
+            hosts(args(json!({"version": "1.0.0", "group": "g"}))),
+            [("10.0.0.2".to_owned(), 100)]
+        );
+        // Any version and group: the disabled one stays out, 10.0.0.1 is one node.
+        let all = hosts(args(json!({"version": "*", "group": "*"})));
+        assert_eq!(all, [("10.0.0.1".into(), 5), ("10.0.0.2".into(), 100)]);
+        assert!(hosts(args(json!({"version": "1.0.0", "protocol": "tri"}))).is_empty());
+        // Not listed yet: no node, and the watcher is asked (once).
+        assert!(h.nodes("c.D", None).is_empty());
+        assert!(h.nodes("c.D", None).is_empty());
+        assert_eq!(asked.try_recv().ok().as_deref(), Some("c.D"));
+        assert!(asked.try_recv().is_err());
+        // A name that would leave its path segment is never asked for.
+        assert!(h.nodes("../x", None).is_empty());
+        assert!(asked.try_recv().is_err());
+    }
+
+    #[test]
+    fn interface_names_cannot_leave_their_segment() {
+        assert!(valid_interface("org.apache.dubbo.DemoService"));
+        for bad in ["", ".", "..", "a/b", "../x", "a\nb"] {
+            assert!(!valid_interface(bad), "{bad:?}");
+        }
+    }
+}
