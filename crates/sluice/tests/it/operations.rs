@@ -577,7 +577,7 @@ fn sluice_test_checks_config_yaml_and_apisix_yaml() {
     // The messages the issue quotes, now each naming the problem.
     let cases = [
         ("apisix:\n  node_lsten: 9080\n", "unknown key apisix.node_lsten (did you mean apisix.node_listen?)"),
-        ("deployment:\n  role: tradtional\n", "deployment.role: expected one of traditional, data_plane, got the string \"tradtional\""),
+        ("deployment:\n  role: tradtional\n", "deployment.role: expected one of traditional, data_plane, control_plane, got the string \"tradtional\""),
         ("apisix:\n  node_listen: 9O80\n", "apisix.node_listen: expected a port number, an {ip, port} map or a list of them, got the string \"9O80\""),
         ("apisix:\n  node_listen: 9080\n   enable_admin: true\n", "YAML syntax error"),
         ("apisix:\n  node_listen:\n    - ip: 127.0.0.1\n    port: 9080\n", "YAML syntax error"),
