@@ -17,7 +17,7 @@ RUN_PKGS := $(BUILD_PKGS) curl
 # Go (h2spec, the grpc-go and dubbo-go test peers) is installed by deps-go; Java and Maven build the Java Dubbo
 # test provider (crates/sluice-proxy/tools/dubbo-java-peer, dependencies from Maven Central).
 TEST_PKGS := $(BUILD_PKGS) etcd-server redis-server nginx haproxy wrk nghttp2-client curl openssl procps util-linux python3-venv \
-  openjdk-17-jdk-headless maven zookeeper
+  openjdk-17-jdk-headless maven zookeeper dnsmasq-base
 BENCH_PKGS := $(BUILD_PKGS) nginx haproxy wrk nghttp2-client valgrind
 
 .PHONY: run test lint build bench deps-test deps-run deps-bench deps-go deps-ui ui test-ui ui-screenshots clean-data

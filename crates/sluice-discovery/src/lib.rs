@@ -3,9 +3,10 @@
 //! [`sluice_model::Discovery`] questions from what its watchers last saw and says when that changed, so the binary
 //! recompiles (unchanged upstreams keep their runtime). The data plane never depends on this crate.
 //!
-//! One registry so far: Zookeeper (`discovery.zookeeper` in config.yaml), Dubbo providers under
-//! `{root}/{interface}/providers`, see [`zookeeper`].
+//! Registries: Zookeeper (`discovery.zookeeper` in config.yaml), Dubbo providers under
+//! `{root}/{interface}/providers`, see [`zookeeper`]; DNS (`discovery.dns`: SRV, A, AAAA with TTLs), see [`dns`].
 
+pub mod dns;
 pub mod provider;
 pub mod zookeeper;
 
@@ -20,6 +21,7 @@ pub use zookeeper::ZkConfig;
 /// What the watchers know, shared with the compiler.
 pub struct Registry {
     zk: Option<zookeeper::Handle>,
+    dns: Option<dns::Handle>,
 }
 
 impl Registry {
@@ -30,10 +32,20 @@ impl Registry {
     ) -> Result<(Arc<Registry>, tokio::sync::watch::Receiver<u64>), String> {
         let (tx, rx) = tokio::sync::watch::channel(0u64);
         let zk = match discovery.and_then(|d| d.get("zookeeper")) {
-            Some(v) => Some(zookeeper::Handle::spawn(ZkConfig::from_value(v)?, tx)),
+            Some(v) => Some(zookeeper::Handle::spawn(
+                ZkConfig::from_value(v)?,
+                tx.clone(),
+            )),
             None => None,
         };
-        Ok((Arc::new(Registry { zk }), rx))
+        let dns = match discovery.and_then(|d| d.get("dns")) {
+            Some(v) => Some(dns::Handle::spawn(
+                dns::DnsConfig::from_value(v)?,
+                tx.clone(),
+            )?),
+            None => None,
+        };
+        Ok((Arc::new(Registry { zk, dns }), rx))
     }
 }
 
@@ -46,6 +58,7 @@ impl Discovery for Registry {
     ) -> Option<Vec<Node>> {
         match discovery_type {
             "zookeeper" => Some(self.zk.as_ref()?.nodes(service_name, args)),
+            "dns" => Some(self.dns.as_ref()?.nodes(service_name)),
             _ => None,
         }
     }

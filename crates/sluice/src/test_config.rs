@@ -36,6 +36,18 @@ pub fn run(config: &Path, apisix_yaml: Option<PathBuf>) -> Result<Vec<String>, S
             zk.root
         ));
     }
+    if let Some(dns) = loaded.checked.doc.pointer("/discovery/dns") {
+        let dns = sluice_discovery::dns::DnsConfig::from_value(dns)?;
+        out.push(format!(
+            "{}: dns discovery through {}",
+            config.display(),
+            dns.servers
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
     if provider == "etcd" {
         sluice_store::etcd::EtcdConfig::from_node_config(node)?;
     }

@@ -252,8 +252,11 @@ pub(crate) const KEYS: &[Key] = &[
     a("plugin_attr.prometheus.refresh_interval"),
     a("plugin_attr.prometheus.metrics"),
     s("discovery", Map),
-    // Other registries (dns, consul, eureka, nacos, kubernetes, ...) are APISIX's; Sluice reads Zookeeper's.
+    // Other registries (consul, eureka, nacos, kubernetes, ...) are APISIX's; Sluice reads Zookeeper's and DNS.
     a("discovery.*"),
+    s("discovery.dns", Map),
+    s("discovery.dns.servers", StrList),
+    s("discovery.dns.order", StrList),
     s("discovery.zookeeper", Map),
     s("discovery.zookeeper.hosts", StrOrList),
     s("discovery.zookeeper.connect_string", Str),

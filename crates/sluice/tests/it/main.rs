@@ -11,6 +11,7 @@ mod bodies;
 mod connection;
 mod control;
 mod dashboard;
+mod dns_discovery;
 mod etcd_outage;
 mod logs;
 mod nodes;
