@@ -22,3 +22,4 @@ mod secrets;
 mod seed;
 mod shutdown;
 mod support;
+mod tracing;
