@@ -154,6 +154,9 @@ pub(crate) struct Exporters(Mutex<Vec<Arc<Exporter>>>);
 impl Exporters {
     pub fn get(&self, conf: ExportConf) -> Arc<Exporter> {
         let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // An exporter no compiled plugin holds any more goes: its queue's sender drops with it, so its thread
+        // sends what it has and ends (configurations that come and go leave no threads behind).
+        all.retain(|e| Arc::strong_count(e) > 1);
         if let Some(e) = all.iter().find(|e| *e.conf == conf) {
             return e.clone();
         }
@@ -283,7 +286,44 @@ fn post(conf: &ExportConf, body: &[u8]) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::ExportConf;
+    use super::{ExportConf, Exporters, Format};
+
+    fn conf(addr: &str) -> ExportConf {
+        ExportConf {
+            format: Format::ZipkinV2,
+            addr: addr.into(),
+            host: addr.into(),
+            path: "/".into(),
+            timeout: std::time::Duration::from_secs(1),
+            headers: Vec::new(),
+            max_queue: 4,
+            batch_size: 2,
+            batch_timeout: std::time::Duration::from_secs(1),
+            inactive: std::time::Duration::from_secs(1),
+            resource: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn exporters_are_shared_by_configuration_and_dropped_when_unused() {
+        let all = Exporters::default();
+        let a = all.get(conf("127.0.0.1:9"));
+        let b = all.get(conf("127.0.0.1:9"));
+        assert!(std::sync::Arc::ptr_eq(&a, &b));
+        let c = all.get(conf("127.0.0.1:10"));
+        assert_eq!(all.0.lock().unwrap().len(), 2);
+        drop((a, b));
+        let _d = all.get(conf("127.0.0.1:11"));
+        let left: Vec<String> = all
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| e.conf.addr.clone())
+            .collect();
+        assert_eq!(left, ["127.0.0.1:10", "127.0.0.1:11"]);
+        drop(c);
+    }
 
     #[test]
     fn endpoints() {
