@@ -2,7 +2,8 @@
 // OpenTelemetry Collector's pdata) and Zipkin v2 JSON (POST /api/v2/spans, decoded by zipkin-go's model), keeps
 // every span in memory and answers GET /api/traces?service=NAME with them as JSON. Loopback only.
 //
-// Built instead of Jaeger all-in-one: Jaeger v1.76.0's cold build did not finish in 7m50s on the 2-core CI box.
+// Built instead of Jaeger all-in-one: a cold `go build` of Jaeger v1.76.0 had not finished after 7m50s on the
+// shared 2-core build machine (this one builds cold in about 2 minutes there).
 package main
 
 import (
