@@ -602,3 +602,26 @@ fn zipkin_continues_b3_and_refuses_bad_ids() {
         "an unsampled request was exported"
     );
 }
+
+/// A `plugin_metadata` object for opentelemetry (newer APISIX's place for the node settings) is used over
+/// `plugin_attr`.
+#[test]
+fn otel_plugin_metadata_overrides_plugin_attr() {
+    let Some(r) = Receiver::start() else { return };
+    let o = Origin::start();
+    let res = json!({
+        "routes": [route("r1", "/m", &o, otel(on()))],
+        "plugin_metadata": [{"id": "opentelemetry",
+                             "collector": {"address": r.otlp()},
+                             "resource": {"service.name": "from-metadata", "deployment": "test"},
+                             "batch_span_processor": {"inactive_timeout": 0.05}}]
+    });
+    // plugin_attr names a closed port: were it used, nothing would arrive.
+    let gw = Gw::start_with(res, otel_shared("127.0.0.1:9", json!({})), 2).unwrap();
+    assert_eq!(gw.get("/m", &[]).status, 200);
+    let (_, span_id, _) = tp(o.last().header("traceparent"));
+    let spans = r.wait_for("from-metadata", |s| find(s, &span_id).is_some());
+    let s = find(&spans, &span_id).expect("span exported to the metadata's collector");
+    assert_eq!(s["resource"]["deployment"], "test");
+    assert_eq!(s["resource"]["service.name"], "from-metadata");
+}
