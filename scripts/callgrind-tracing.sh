@@ -14,9 +14,15 @@ N=20000
 rm -rf "$OUT"; mkdir -p "$OUT"
 (cd crates/sluice-proxy/tools/trace-receiver && go build -o "$OUT/trace-receiver" .)
 "$B" mock --listen 127.0.0.1:1980 --body-size 1024 > "$OUT/mock.log" 2>&1 & mock=$!
-sleep 100000 | "$OUT/trace-receiver" -listen 127.0.0.1:4318 > "$OUT/otlp.log" 2>&1 & otlp=$!
-sleep 100000 | "$OUT/trace-receiver" -listen 127.0.0.1:9411 > "$OUT/zipkin.log" 2>&1 & zipkin=$!
-trap 'kill $mock $otlp $zipkin 2>/dev/null || true' EXIT
+# The receivers exit when their stdin ends: a FIFO whose only writer is this script (fd 3).
+mkfifo "$OUT/hold"
+"$OUT/trace-receiver" -listen 127.0.0.1:4318 < "$OUT/hold" > "$OUT/otlp.log" 2>&1 & otlp=$!
+"$OUT/trace-receiver" -listen 127.0.0.1:9411 < "$OUT/hold" > "$OUT/zipkin.log" 2>&1 & zipkin=$!
+exec 3> "$OUT/hold"
+trap 'exec 3>&-; kill $mock $otlp $zipkin 2>/dev/null || true' EXIT
+for p in 4318 9411; do
+  for _ in $(seq 1 100); do curl -s -o /dev/null "http://127.0.0.1:$p/api/traces" && break; sleep 0.1; done
+done
 
 spans() { # receiver port -> spans received so far
   curl -s "http://127.0.0.1:$1/api/traces" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]))'
