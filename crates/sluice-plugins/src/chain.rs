@@ -24,7 +24,7 @@ use crate::{Ctx, Flow, LogInfo, Phase, PhaseMask, Plugin};
 pub struct CompileEnv<'a> {
     pub shared: &'a Shared,
     pub consumers: &'a [sluice_model::Consumer],
-    /// `plugin_attr` from config.yaml.
+    /// `plugin_attr` from config.yaml (the one given to [`CompileEnv::new`], else [`Shared`]'s).
     pub plugin_attr: Option<&'a Map<String, Value>>,
     /// The consumers compiled once per snapshot (credential maps and consumer chains), built on first use.
     pub compiled: OnceLock<Result<Arc<Consumers>, String>>,
@@ -51,7 +51,7 @@ impl<'a> CompileEnv<'a> {
         CompileEnv {
             shared,
             consumers,
-            plugin_attr,
+            plugin_attr: plugin_attr.or(shared.plugin_attr.as_ref()),
             compiled: OnceLock::new(),
             consumer_scope: std::sync::Mutex::new(None),
             consumer_groups: &[],

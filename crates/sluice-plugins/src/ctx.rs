@@ -135,6 +135,8 @@ pub struct Ctx<'a> {
     pub(crate) io: crate::effect::Pending,
     /// The route's `:param` / `*name` captures, when it has any (ranges into `req.path()`).
     pub(crate) params: Option<sluice_router::Params>,
+    /// opentelemetry's and zipkin's spans in progress (only on routes with one of them).
+    pub(crate) trace: Option<Box<crate::trace::ReqTrace>>,
 }
 
 impl<'a> Ctx<'a> {
@@ -159,6 +161,7 @@ impl<'a> Ctx<'a> {
             mirror: None,
             io: Default::default(),
             params: None,
+            trace: None,
         }
     }
 

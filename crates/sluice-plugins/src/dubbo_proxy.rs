@@ -309,10 +309,15 @@ impl Plugin for DubboProxy {
                 Err(msg) => return Flow::Respond(Response::message(400, &msg)),
             }
         } else {
+            // The headers as they would go upstream: earlier plugins' edits applied (a tracing plugin's
+            // traceparent / B3, proxy-rewrite's headers), as APISIX passes the rewritten request's headers.
+            let edits = &ctx.edits;
             let headers = ctx
                 .req
                 .head
                 .headers_iter()
+                .filter(|(n, _)| !edits.drops(n))
+                .chain(edits.set_headers.iter().map(|(n, v)| (&n[..], &v[..])))
                 .filter_map(|(n, v)| Some((std::str::from_utf8(n).ok()?, v)));
             invoke::dubbo_proxy_request(&self.service, &method, headers, ctx.body.unwrap_or(&[]))
         };

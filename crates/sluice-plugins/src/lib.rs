@@ -19,6 +19,7 @@ pub mod effect;
 mod filters;
 pub mod registry;
 mod shared;
+mod trace;
 mod util;
 
 mod api_breaker;
@@ -44,6 +45,7 @@ mod limit_conn;
 mod limit_count;
 mod limit_req;
 mod log_entry;
+mod opentelemetry;
 pub mod prometheus;
 mod proxy_mirror;
 mod proxy_rewrite;
@@ -58,6 +60,7 @@ mod response_rewrite;
 mod traffic_split;
 mod ua_restriction;
 mod uri_blocker;
+mod zipkin;
 
 pub use chain::{Chain, CompileEnv, PluginOrder, Shared};
 pub use ctx::{Ctx, Edits, LogInfo, RespEdits, RouteMeta};

@@ -27,6 +27,8 @@ pub struct Entry {
 pub static REGISTRY: &[Entry] = &[
     crate::real_ip::ENTRY,
     crate::request_id::ENTRY,
+    crate::opentelemetry::ENTRY,
+    crate::zipkin::ENTRY,
     crate::fault_injection::ENTRY,
     crate::cors::ENTRY,
     crate::ip_restriction::ENTRY,

@@ -26,16 +26,35 @@ pub struct Shared {
     pub(crate) writers: Arc<crate::file_logger::Writers>,
     /// http-logger's batch senders.
     pub(crate) batches: Arc<crate::http_logger::Senders>,
+    /// opentelemetry's and zipkin's span exporters.
+    pub(crate) exporters: Arc<crate::trace::Exporters>,
     /// prometheus' metric families.
     pub(crate) metrics: Arc<Metrics>,
+    /// `plugin_attr` from config.yaml: node settings every compilation sees (see [`Shared::with_plugin_attr`]).
+    pub(crate) plugin_attr: Option<serde_json::Map<String, serde_json::Value>>,
     /// api-breaker's counts per host + URI.
     pub(crate) breakers: Arc<crate::api_breaker::Breakers>,
 }
 
 impl Shared {
+    /// Node-wide `plugin_attr` (config.yaml), read by plugins when they compile; fixed for the process's life,
+    /// as APISIX reads it at start.
+    pub fn with_plugin_attr(
+        mut self,
+        attr: Option<serde_json::Map<String, serde_json::Value>>,
+    ) -> Self {
+        self.plugin_attr = attr;
+        self
+    }
+
     /// The Prometheus registry (for the exporter and for the binary's own gauges).
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// Spans the tracing plugins' exporters (exported, dropped on a full queue, lost to a failed POST).
+    pub fn trace_spans(&self) -> (u64, u64, u64) {
+        self.exporters.counts()
     }
 
     /// Live limit-count windows (for tests and diagnostics).

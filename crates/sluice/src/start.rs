@@ -80,7 +80,8 @@ pub fn run(
         // First, so a signal sent while starting is never the default action (HUP and USR1 would kill).
         let mut signals = Signals::install()?;
         // Plugin state (limit counters, metrics) lives as long as the process, across every reload.
-        let plugin_state = Arc::new(sluice_plugins::Shared::default());
+        let plugin_state =
+            Arc::new(sluice_plugins::Shared::default().with_plugin_attr(node.plugin_attr.clone()));
         // Standalone files and the first-start seed are checked with throwaway plugin state; Admin API writes
         // are dry-run by the applier (below), which keeps the compile for the apply.
         let check: standalone::Checker =

@@ -240,6 +240,20 @@ pub(crate) const KEYS: &[Key] = &[
     a("plugin_attr.*"),
     s("plugin_attr.dubbo-proxy", Map),
     s("plugin_attr.dubbo-proxy.upstream_multiplex_count", Int(1, 4096)),
+    s("plugin_attr.opentelemetry", Map),
+    s("plugin_attr.opentelemetry.trace_id_source", Enum(&["x-request-id", "random"])),
+    s("plugin_attr.opentelemetry.resource", Any),
+    s("plugin_attr.opentelemetry.collector", Map),
+    s("plugin_attr.opentelemetry.collector.address", Str),
+    s("plugin_attr.opentelemetry.collector.request_timeout", Int(1, 600)),
+    s("plugin_attr.opentelemetry.collector.request_headers", Any),
+    s("plugin_attr.opentelemetry.batch_span_processor", Map),
+    s("plugin_attr.opentelemetry.batch_span_processor.drop_on_queue_full", Bool),
+    s("plugin_attr.opentelemetry.batch_span_processor.max_queue_size", Int(1, 1 << 20)),
+    s("plugin_attr.opentelemetry.batch_span_processor.max_export_batch_size", Int(1, 1 << 16)),
+    s("plugin_attr.opentelemetry.batch_span_processor.batch_timeout", Num),
+    s("plugin_attr.opentelemetry.batch_span_processor.inactive_timeout", Num),
+    s("plugin_attr.opentelemetry.set_ngx_var", Bool),
     s("plugin_attr.prometheus", Map),
     s("plugin_attr.prometheus.enable_export_server", Bool),
     s("plugin_attr.prometheus.export_addr", Map),
@@ -629,6 +643,12 @@ mod tests {
             "nginx_config.http.lua_shared_dict.foo"
         ));
         assert!(!NodeConfig::reads_key("plugin_attr.log-rotate.interval"));
+        assert!(NodeConfig::reads_key(
+            "plugin_attr.opentelemetry.collector.address"
+        ));
+        assert!(NodeConfig::reads_key(
+            "plugin_attr.opentelemetry.batch_span_processor.inactive_timeout"
+        ));
         assert!(!NodeConfig::reads_key("nope"));
     }
 

@@ -636,6 +636,60 @@ fn grpc_real_metadata_and_deadline_reach_the_server() {
     });
 }
 
+/// opentelemetry's `traceparent` and zipkin's B3 headers reach a real gRPC server as call metadata.
+#[test]
+fn grpc_real_trace_context_reaches_the_server() {
+    let Some(p) = peers() else { return };
+    let py = p.py;
+    let g = Gw::start(
+        json!({"routes": [{"id": "g", "uri": "/*",
+            "plugins": {
+                "opentelemetry": {"sampler": {"name": "parent_base"}},
+                "zipkin": {"endpoint": "http://127.0.0.1:9/api/v2/spans", "sample_ratio": 1}
+            },
+            "upstream": {"scheme": "grpc", "type": "roundrobin", "nodes": {py.to_string(): 1}}}],
+            // Spans of sampled calls go to a closed port: export is tests/plugins/tracing.rs's subject.
+            "plugin_metadata": [{"id": "opentelemetry", "collector": {"address": "127.0.0.1:9"}}]}),
+        ProxyConfig::default(),
+    );
+    let addr = g.addr;
+    let client = "4bf92f3577b34da6a3ce929d0e0e4736";
+    rt().block_on(async move {
+        let c = connect(addr).await;
+        let parent = format!("00-{client}-00f067aa0ba902b7-01");
+        let r = call(
+            &c,
+            "/sluice.test.Kitchen/Headers",
+            &[("traceparent", parent.as_str())],
+            &[frame(&Empty {})],
+        )
+        .await;
+        r.assert_ok();
+        let md = r.decode::<HeadersReply>().pop().unwrap().metadata;
+        let tp = md.get("traceparent").expect("traceparent metadata");
+        assert!(tp.starts_with(&format!("00-{client}-")), "{md:?}");
+        assert!(
+            tp.ends_with("-01") && !tp.contains("00f067aa0ba902b7"),
+            "{tp}"
+        );
+        assert_eq!(
+            md.get("x-b3-sampled").map(String::as_str),
+            Some("1"),
+            "{md:?}"
+        );
+        let b3_trace = md.get("x-b3-traceid").expect("x-b3-traceid metadata");
+        assert_eq!(b3_trace.len(), 32, "{md:?}");
+        assert!(
+            md.get("x-b3-spanid").is_some_and(|s| s.len() == 16),
+            "{md:?}"
+        );
+        assert!(
+            md.get("x-b3-parentspanid").is_some_and(|s| s.len() == 16),
+            "{md:?}"
+        );
+    });
+}
+
 #[test]
 fn grpc_real_deadline_exceeded_cancels_the_upstream_call() {
     let Some(p) = peers() else { return };

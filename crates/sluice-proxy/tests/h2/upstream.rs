@@ -228,3 +228,43 @@ fn grpc_route_applies_response_header_edits_and_runs_the_log_phase() {
     assert_eq!(line["upstream"], addr.to_string());
     let _ = std::fs::remove_file(&path);
 }
+
+/// opentelemetry's and zipkin's context reaches an h2c upstream, from an HTTP/1.1 client and an h2 client. The
+/// samplers are off / zero here (nothing is exported; tests/plugins/tracing.rs covers export): an unsampled
+/// request still propagates its `traceparent` and `x-b3-sampled: 0`.
+#[test]
+fn h2c_upstream_gets_the_trace_context() {
+    let (addr, log) = h2_origin();
+    let plugins = json!({"opentelemetry": {"sampler": {"name": "parent_base"}}});
+    let mut res = route("h2c", addr, plugins);
+    // The sampled request's span goes to a closed port (export is not what this test checks).
+    res["plugin_metadata"] =
+        json!([{"id": "opentelemetry", "collector": {"address": "127.0.0.1:9"}}]);
+    let gw = Gw::start(res, ProxyConfig::default());
+    let client = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let (head, _) = raw(
+        gw.addr,
+        format!(
+            "GET /len HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\
+             traceparent: 00-{client}-00f067aa0ba902b7-01\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let gw_addr = gw.addr;
+    rt().block_on(async move {
+        let mut c = connect(gw_addr).await;
+        let (status, ..) = send(&mut c, super::get("http://b.test/len"), &[]).await;
+        assert_eq!(status, 200);
+    });
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 2);
+    let first = header(&log[0], "traceparent").expect("traceparent on h2c");
+    assert!(first.starts_with(&format!("00-{client}-")), "{first}");
+    assert!(!first.contains("00f067aa0ba902b7"), "{first}");
+    assert!(first.ends_with("-01"), "the client's sampled flag: {first}");
+    let second = header(&log[1], "traceparent").expect("traceparent on h2c from h2");
+    assert_eq!(second.len(), 55, "{second}");
+    assert!(second.ends_with("-00"), "{second}");
+    assert_eq!(log[1].headers.get_all("traceparent").iter().count(), 1);
+}

@@ -125,6 +125,46 @@ fn dubbo_proxy_calls_a_real_provider_with_headers_and_body() {
     assert_eq!(r.status, 200, "{r:?}");
 }
 
+/// The provider's header map is the request as it goes upstream: a tracing plugin's traceparent replaces the
+/// client's, a removed header is gone (proxy-rewrite), as with an HTTP upstream.
+#[test]
+fn dubbo_proxy_passes_plugin_header_edits_and_the_trace_context() {
+    let Some(p) = start_provider() else { return };
+    let mut res = route(json!({p.addr.to_string(): 1}), demo());
+    res["routes"][0]["plugins"]["opentelemetry"] = json!({"sampler": {"name": "parent_base"}});
+    res["routes"][0]["plugins"]["proxy-rewrite"] = json!({"headers": {"remove": ["x-secret"]}});
+    res["plugin_metadata"] =
+        json!([{"id": "opentelemetry", "collector": {"address": "127.0.0.1:9"}}]);
+    let gw = Gw::start(res);
+    let client = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let r = request(
+        gw.addr,
+        "POST",
+        "/hello",
+        &[
+            ("traceparent", &format!("00-{client}-00f067aa0ba902b7-00")),
+            ("X-Secret", "s"),
+        ],
+        "payload",
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    let line = r
+        .body
+        .lines()
+        .find(|l| l.starts_with("traceparent: "))
+        .unwrap_or_else(|| panic!("no traceparent in {r:?}"));
+    assert!(
+        line.starts_with(&format!("traceparent: 00-{client}-")),
+        "{line}"
+    );
+    assert!(
+        line.ends_with("-00") && !line.contains("00f067aa0ba902b7"),
+        "{line}"
+    );
+    assert_eq!(r.body.matches("traceparent").count(), 1, "{r:?}");
+    assert!(!r.body.contains("x-secret"), "{r:?}");
+}
+
 #[test]
 fn dubbo_proxy_unknown_service_or_method_is_an_error_not_a_hang() {
     let Some(p) = start_provider() else { return };

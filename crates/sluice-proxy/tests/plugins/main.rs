@@ -24,6 +24,9 @@ mod restrict;
 mod rewrite;
 mod scale;
 mod split;
+#[path = "../common/trace_receiver.rs"]
+mod trace_receiver;
+mod tracing;
 mod validation;
 
 use std::io::{Read, Write};

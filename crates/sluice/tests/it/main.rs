@@ -25,4 +25,5 @@ mod secrets;
 mod seed;
 mod shutdown;
 mod support;
+mod tracing;
 mod zookeeper;
