@@ -10,7 +10,8 @@ import org.apache.dubbo.config.bootstrap.DubboBootstrap;
  * DemoService and TypesService (`-Dversion`, default 1.0.0; `-Dgroup`, default none) on `-Dport`, dubbo protocol +
  * hessian2. No registry unless `-Dregistry=zookeeper://127.0.0.1:2181` is given: then both register there (their
  * ephemeral nodes under /dubbo/{interface}/providers, `-Dregistry.session` ms of Zookeeper session). Dubbo refuses
- * to bind to 127.x (it binds every address instead), so the tests pass `-Dhost=::1`: loopback only.
+ * to bind to 127.x (it binds every address instead), so the tests pass `-Dhost=::1`: loopback only. With
+ * `-Dtriple.port`, the same services are also exported over Triple (Dubbo 3's HTTP/2 and HTTP/1 protocol) there.
  */
 public class Provider {
     public static void main(String[] args) {
@@ -32,10 +33,18 @@ public class Provider {
             reg.setUseAsConfigCenter(false);
             reg.setUseAsMetadataCenter(false);
         }
+        java.util.List<ProtocolConfig> protocols = new java.util.ArrayList<>();
+        protocols.add(proto);
+        Integer triplePort = Integer.getInteger("triple.port");
+        if (triplePort != null) {
+            ProtocolConfig tri = new ProtocolConfig("tri", triplePort);
+            tri.setHost(proto.getHost());
+            protocols.add(tri);
+        }
         DubboBootstrap.getInstance()
             .application(app)
             .registry(reg)
-            .protocol(proto)
+            .protocols(protocols)
             .service(service(DemoService.class, new DemoServiceImpl()))
             .service(service(TypesService.class, new TypesServiceImpl()))
             .start();
