@@ -44,6 +44,7 @@ mod limit_conn;
 mod limit_count;
 mod limit_req;
 mod log_entry;
+mod mocking;
 pub mod prometheus;
 mod proxy_mirror;
 mod proxy_rewrite;

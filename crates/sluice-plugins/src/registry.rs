@@ -28,6 +28,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::real_ip::ENTRY,
     crate::request_id::ENTRY,
     crate::fault_injection::ENTRY,
+    crate::mocking::ENTRY,
     crate::cors::ENTRY,
     crate::ip_restriction::ENTRY,
     crate::ua_restriction::ENTRY,

@@ -1107,6 +1107,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let up = &route.upstream;
         let (kind, why) = match (&up.unsupported, &up.missing) {
             (Some(why), _) => (Kind::Internal, why),
+            (None, Some(why)) if **why == *UpstreamRt::NO_UPSTREAM_CONF => {
+                (Kind::NoUpstreamConf, why)
+            }
             (None, Some(why)) => (Kind::NoUpstreamNode, why),
             (None, None) => return Ok(false),
         };

@@ -18,6 +18,7 @@ mod loggers;
 mod meta;
 mod metrics;
 mod mirror;
+mod mocking;
 mod redis;
 mod req_redis;
 mod restrict;
