@@ -23,6 +23,7 @@ mod util;
 
 mod api_breaker;
 mod basic_auth;
+mod body_transformer;
 mod consumer_restriction;
 mod cors;
 mod csrf;

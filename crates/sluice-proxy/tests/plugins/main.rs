@@ -25,6 +25,7 @@ mod restrict;
 mod rewrite;
 mod scale;
 mod split;
+mod transform;
 mod validation;
 
 use std::io::{Read, Write};
