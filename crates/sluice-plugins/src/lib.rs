@@ -24,6 +24,7 @@ mod util;
 mod api_breaker;
 mod basic_auth;
 mod body_transformer;
+mod brotli;
 mod consumer_restriction;
 mod cors;
 mod csrf;

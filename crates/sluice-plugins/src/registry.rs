@@ -49,6 +49,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::limit_conn::ENTRY,
     crate::limit_count::ENTRY,
     crate::limit_req::ENTRY,
+    crate::brotli::ENTRY,
     crate::gzip::ENTRY,
     crate::traffic_split::ENTRY,
     crate::redirect::ENTRY,

@@ -4,6 +4,7 @@
 
 mod auth;
 mod body;
+mod brotli;
 #[path = "../common/ci.rs"]
 mod ci;
 mod conn_redis;
