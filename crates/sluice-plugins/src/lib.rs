@@ -58,6 +58,7 @@ mod referer_restriction;
 mod request_id;
 mod request_validation;
 mod response_rewrite;
+pub mod server_info;
 mod traffic_split;
 mod ua_restriction;
 mod uri_blocker;

@@ -51,6 +51,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::limit_req::ENTRY,
     crate::brotli::ENTRY,
     crate::gzip::ENTRY,
+    crate::server_info::ENTRY,
     crate::traffic_split::ENTRY,
     crate::redirect::ENTRY,
     crate::response_rewrite::ENTRY,
