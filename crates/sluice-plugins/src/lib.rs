@@ -50,6 +50,7 @@ mod mocking;
 pub mod prometheus;
 mod proxy_mirror;
 mod proxy_rewrite;
+mod public_api;
 mod real_ip;
 mod redirect;
 mod redis_lease;

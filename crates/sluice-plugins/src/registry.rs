@@ -59,6 +59,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::grpc_transcode::ENTRY,
     crate::grpc_web::ENTRY,
     crate::http_dubbo::ENTRY,
+    crate::public_api::ENTRY,
     crate::prometheus::ENTRY,
     crate::echo::ENTRY,
     crate::http_logger::ENTRY,
