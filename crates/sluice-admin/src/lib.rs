@@ -53,7 +53,7 @@ pub trait PluginCatalog: Send + Sync {
 /// The APISIX release whose Admin API this build implements. Advertised in the Admin API's `Server` header as
 /// `sluice/<version> APISIX/<this>`, the token ADC and other APISIX clients read the version from
 /// (`/APISIX\/(.*)/`): without it they assume a future APISIX and may use features no release has.
-pub const APISIX_VERSION: &str = "3.15.0";
+pub const APISIX_VERSION: &str = sluice_model::APISIX_VERSION;
 
 /// The Admin API's `Server` header: Sluice's own product token first, then the APISIX version it implements.
 pub fn server_header() -> String {

@@ -17,11 +17,13 @@ pub const API_KEY: &str = "auth-one";
 
 /// Headers every request of the scenario carries.
 pub fn request_headers(s: &Scenario) -> Vec<(String, String)> {
-    if s.plugins.needs_key() {
+    let mut h = if s.plugins.needs_key() {
         vec![("apikey".to_string(), API_KEY.to_string())]
     } else {
         Vec::new()
-    }
+    };
+    h.extend(s.extra_headers.iter().cloned());
+    h
 }
 
 /// Worker count as the gateway config spells it.
@@ -88,7 +90,11 @@ pub fn configure(
 pub fn standalone_yaml(s: &Scenario, upstream: SocketAddr, keepalive: usize) -> String {
     let mut y = String::with_capacity(s.routes.max(1) * 260 + 256);
     y.push_str("routes:\n");
-    let plugins = plugins_yaml(s.plugins);
+    // JSON is YAML's flow syntax: `--route-plugins` goes in as given.
+    let plugins = match &s.route_plugins {
+        Some(json) => format!("    plugins: {json}\n"),
+        None => plugins_yaml(s.plugins),
+    };
     for i in 1..=s.routes.max(1) {
         let uri = if i == 1 {
             PATH.to_string()
@@ -199,6 +205,19 @@ mod tests {
         assert!(y.contains("key-auth: {key: auth-one}"));
         let y = standalone_yaml(&find("limit-count+prometheus-1"), up, 64);
         assert!(y.contains("prometheus: {}") && y.contains("consumers:\n  - username: jack\n"));
+        let mut one = find("route-1");
+        one.route_plugins = Some(r#"{"mocking": {"response_example": "x: \"y\""}}"#.into());
+        one.extra_headers = vec![("Accept-Encoding".into(), "br".into())];
+        let y = standalone_yaml(&one, up, 64);
+        let doc: serde_yaml::Value = serde_yaml::from_str(&y).expect("valid YAML");
+        assert_eq!(
+            doc["routes"][0]["plugins"]["mocking"]["response_example"].as_str(),
+            Some("x: \"y\"")
+        );
+        assert_eq!(
+            request_headers(&one),
+            vec![("Accept-Encoding".to_string(), "br".to_string())]
+        );
         let y = standalone_yaml(&find("routes-100k"), up, 64);
         assert!(y.contains("uri: /r/100000\n"));
     }

@@ -96,6 +96,13 @@ pub struct BenchArgs {
     /// Pin nothing.
     #[arg(long)]
     pub no_pin: bool,
+    /// The `plugins` object (JSON) every Sluice route of the run carries, e.g. `'{"mocking": {"response_example":
+    /// "x"}}'`: a plugin's per-request cost is this run's figure minus a run without it.
+    #[arg(long, value_name = "JSON")]
+    pub route_plugins: Option<String>,
+    /// An extra request header the generator sends, `Name: value` (repeatable).
+    #[arg(long = "header", short = 'H', value_name = "NAME: VALUE")]
+    pub headers: Vec<String>,
     /// Do not run nginx / HAProxy side by side even when installed.
     #[arg(long)]
     pub no_peers: bool,
@@ -127,6 +134,24 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let mut selected = scenario::select(&args.scenarios, args.full, duration)?;
     if args.callgrind && !selected.iter().any(|s| s.callgrind) {
         selected.extend(scenario::select(&["instructions".into()], false, duration)?);
+    }
+    if let Some(p) = &args.route_plugins {
+        let v: serde_json::Value =
+            serde_json::from_str(p).map_err(|e| format!("--route-plugins: {e}"))?;
+        if !v.is_object() {
+            return Err("--route-plugins: want a JSON object".into());
+        }
+    }
+    let mut headers = Vec::new();
+    for h in &args.headers {
+        let (n, v) = h
+            .split_once(':')
+            .ok_or_else(|| format!("--header {h:?}: want `Name: value`"))?;
+        headers.push((n.trim().to_owned(), v.trim().to_owned()));
+    }
+    for s in &mut selected {
+        s.route_plugins = args.route_plugins.clone();
+        s.extra_headers = headers.clone();
     }
     if args.list {
         for s in scenario::all(duration) {

@@ -102,6 +102,11 @@ pub struct Scenario {
     /// gRPC run (see `grpc`): a grpc-go greeter as the origin, h2load as the generator, SayHello called
     /// directly, proxied as gRPC and transcoded from JSON; no mock.
     pub grpc_transcode: bool,
+    /// `--route-plugins`: the `plugins` object (JSON) of Sluice's routes instead of `plugins`'s, to measure one
+    /// plugin's cost on the same scenario.
+    pub route_plugins: Option<String>,
+    /// `--header`: extra request headers the generator sends (e.g. `Accept-Encoding: br` for a compressor).
+    pub extra_headers: Vec<(String, String)>,
 }
 
 /// What a live-apply scenario does through the Admin API (see `apply`).
@@ -143,6 +148,8 @@ impl Scenario {
             rate: None,
             mock_delay: Delay::Fixed(Duration::ZERO),
             compare_drivers: false,
+            route_plugins: None,
+            extra_headers: Vec::new(),
             callgrind: false,
             admin: None,
             grpc_transcode: false,

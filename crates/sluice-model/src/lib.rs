@@ -8,6 +8,10 @@ mod extra;
 mod merge;
 mod node;
 mod resource;
+/// The APISIX release Sluice implements (its Admin API, and what plugins report as APISIX's version: mocking's
+/// `x-mock-by`, server-info's `version`).
+pub const APISIX_VERSION: &str = "3.15.0";
+
 pub mod schema;
 
 pub use extra::{ConsumerGroup, Credential, PluginMetadata, Proto, Secret};

@@ -205,13 +205,18 @@ pub(crate) fn decide(conf: &GzipConf, ctx: &mut Ctx<'_>, status: u16) -> Option<
 
 /// Whether an Accept-Encoding value lists gzip (or `*`) with a non-zero q.
 fn accepts_gzip(v: &[u8]) -> bool {
+    accepts_coding(v, "gzip")
+}
+
+/// Whether an Accept-Encoding value lists `coding` (or `*`) with a non-zero q (gzip and brotli share it).
+pub(crate) fn accepts_coding(v: &[u8], wanted: &str) -> bool {
     let Ok(v) = std::str::from_utf8(v) else {
         return false;
     };
     v.split(',').any(|item| {
         let mut parts = item.split(';');
         let coding = parts.next().unwrap_or_default().trim();
-        if !(coding.eq_ignore_ascii_case("gzip") || coding == "*") {
+        if !(coding.eq_ignore_ascii_case(wanted) || coding == "*") {
             return false;
         }
         parts.all(|p| {

@@ -92,7 +92,7 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// `ngx.decode_args`: `k=v` pairs (url-decoded), a repeated key becomes an array, a bare key is `true`.
-fn form_args(body: &[u8]) -> Value {
+pub(crate) fn form_args(body: &[u8]) -> Value {
     let text = String::from_utf8_lossy(body);
     let mut m = Map::new();
     for kv in text.split('&').filter(|kv| !kv.is_empty()) {
@@ -113,7 +113,7 @@ fn form_args(body: &[u8]) -> Value {
 
 /// A JSON decode error in lua-cjson's words (`Expected value but found ... at character N`), which APISIX
 /// returns as the body.
-fn cjson_error(body: &[u8], e: &serde_json::Error) -> String {
+pub(crate) fn cjson_error(body: &[u8], e: &serde_json::Error) -> String {
     // serde reports line/column; cjson a 1-based byte offset.
     let mut offset = 0;
     for (i, line) in body.split(|b| *b == b'\n').enumerate() {

@@ -1163,6 +1163,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let up = &route.upstream;
         let (kind, why) = match (&up.unsupported, &up.missing) {
             (Some(why), _) => (Kind::Internal, why),
+            (None, Some((_, why))) if **why == *UpstreamRt::NO_UPSTREAM_CONF => {
+                (Kind::NoUpstreamConf, why)
+            }
             (None, Some((503, why))) => (Kind::Unavailable, why),
             (None, Some((_, why))) => (Kind::NoUpstreamNode, why),
             (None, None) => return Ok(false),

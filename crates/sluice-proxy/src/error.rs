@@ -22,6 +22,8 @@ pub(crate) enum Kind {
     ClientTimeout,
     NoRoute,
     NoUpstreamNode,
+    /// A route with plugins but no upstream that no plugin answered: APISIX's 503.
+    NoUpstreamConf,
     Connect,
     ConnectTimeout,
     /// The upstream closed or failed before a complete response head arrived.
@@ -107,6 +109,7 @@ pub(crate) fn synthetic(err: &Error) -> Option<Synthetic> {
         | Kind::UpstreamIo
         | Kind::UpstreamProtocol
         | Kind::Tls => 502,
+        Kind::NoUpstreamConf => 503,
         Kind::ConnectTimeout | Kind::UpstreamTimeout => 504,
         Kind::Internal => 500,
         Kind::Unavailable => 503,

@@ -141,6 +141,17 @@ pub(crate) struct UpstreamRt {
 
 impl UpstreamRt {
     /// The runtime of an `upstream_id` that names nothing: no nodes, every request 502 (see `missing`).
+    pub(super) const NO_UPSTREAM_CONF: &'static str =
+        "missing upstream configuration in Route or Service";
+
+    /// A route with plugins and no upstream at all (APISIX's 503 when no plugin answers).
+    pub(super) fn unconfigured() -> UpstreamRt {
+        UpstreamRt {
+            missing: Some((503, Self::NO_UPSTREAM_CONF.into())),
+            ..UpstreamRt::missing("")
+        }
+    }
+
     pub(super) fn missing(id: &str) -> UpstreamRt {
         UpstreamRt {
             balancer: Balancer::new(LbKind::RoundRobin, Vec::new()),
@@ -434,6 +445,9 @@ impl Snapshot {
                     Some(u) => u.clone(),
                     None => Arc::new(UpstreamRt::missing(&id.0)),
                 },
+                // APISIX accepts a route with plugins and no upstream (one may answer, as mocking does); a
+                // request its plugins do not answer gets 503.
+                (None, None) if !eff.plugins.is_empty() => Arc::new(UpstreamRt::unconfigured()),
                 (None, None) => {
                     return Err(ctx(
                         "missing upstream configuration in Route or Service".into()

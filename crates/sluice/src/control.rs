@@ -16,21 +16,41 @@ use sluice_store::ConfigRx;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+/// This node's `server_info` and the applied revision, when the server-info plugin is enabled.
+pub type ServerInfo = (
+    serde_json::Map<String, Value>,
+    tokio::sync::watch::Receiver<u64>,
+);
+
 /// Serves the control API on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, gateway: Gateway, config: ConfigRx) {
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Gateway,
+    config: ConfigRx,
+    info: Option<ServerInfo>,
+) {
+    let info = std::sync::Arc::new(info);
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let (gw, cfg) = (gateway.clone(), config.clone());
+        let (gw, cfg, info) = (gateway.clone(), config.clone(), info.clone());
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), one(stream, gw, cfg))
-                .await;
+            let _ = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                one(stream, gw, cfg, &info),
+            )
+            .await;
         });
     }
 }
 
-async fn one(mut s: TcpStream, gw: Gateway, cfg: ConfigRx) -> std::io::Result<()> {
+async fn one(
+    mut s: TcpStream,
+    gw: Gateway,
+    cfg: ConfigRx,
+    info: &Option<ServerInfo>,
+) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -44,7 +64,16 @@ async fn one(mut s: TcpStream, gw: Gateway, cfg: ConfigRx) -> std::io::Result<()
     let mut line = head.lines().next().unwrap_or("").split(' ');
     let (method, target) = (line.next().unwrap_or(""), line.next().unwrap_or("/"));
     let path = target.split('?').next().unwrap_or("/");
-    let (status, body) = if method == "GET" {
+    let (status, body) = if method == "GET" && path == "/v1/server_info" {
+        // APISIX's server-info control API: the node's info as the registry reports it.
+        match info {
+            Some((i, applied)) => (
+                200,
+                Value::Object(sluice_store::node::report(i, *applied.borrow())),
+            ),
+            None => (404, json!({"error_msg": "not found"})),
+        }
+    } else if method == "GET" {
         let res = cfg.borrow().clone();
         route(path, &res.resources, &gw.node_health())
     } else {

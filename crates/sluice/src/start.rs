@@ -107,6 +107,22 @@ pub fn run(
                 let poll = Duration::from_secs_f64(node.sluice.config_poll_interval.max(0.05));
                 let rx = standalone::Watcher::new(resources_path.clone(), poll, check.clone())
                     .spawn_after(initial, stamp);
+                // No registry without a store, but the control API's /v1/server_info still reports this node,
+                // with an id kept as in traditional mode (APISIX keeps conf/apisix.uid in every mode).
+                let data_dir = conf_dir.join(&node.sluice.data_dir);
+                let id = std::fs::create_dir_all(&data_dir)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| sluice_store::node::node_id(&data_dir));
+                match id {
+                    Ok(id) => {
+                        server_info = Some(sluice_store::node::server_info(
+                            &id,
+                            env!("CARGO_PKG_VERSION"),
+                            sluice_store::node::unix_now(),
+                        ))
+                    }
+                    Err(e) => tracing::warn!(error = %e, "no node id for /v1/server_info"),
+                }
                 (rx, None, None)
             } else {
                 let data_dir = conf_dir.join(&node.sluice.data_dir);
@@ -164,11 +180,18 @@ pub fn run(
         let (applied_tx, applied_rx) = tokio::sync::watch::channel(initial.revision);
         let applier = Applier::new(plugin_state.clone(), gateway.clone(), discovery);
         // The node registry (etcd): off the request path, on this runtime; the key lives as long as the applier.
+        // server-info's `plugin_attr.server-info.report_ttl` (APISIX's lease) overrides `sluice.node_ttl`.
+        let ttl = sluice_plugins::server_info::report_ttl(
+            node.plugin_attr
+                .as_ref()
+                .and_then(|a| a.get(sluice_plugins::server_info::NAME)),
+        )?
+        .unwrap_or(node.sluice.node_ttl);
         if let (Some(store), Some(info)) = (&store, &server_info) {
             store.announce(
                 info.clone(),
                 applied_rx.clone(),
-                Duration::from_secs(node.sluice.node_ttl.max(1)),
+                Duration::from_secs(ttl.max(1)),
             );
         }
         // Active health checks (`checks.active`) probe from this runtime, never from a worker; they stop at shutdown.
@@ -396,10 +419,22 @@ impl Side {
         match rebind(addr, &mut self.control).await {
             Ok((sock, l)) => {
                 tracing::info!(listen = %addr, "control API at /v1/healthcheck");
+                // /v1/server_info is the server-info plugin's endpoint: served while the plugin is enabled.
+                let enabled = self
+                    .node
+                    .plugins
+                    .as_ref()
+                    .is_none_or(|p| p.iter().any(|n| n == sluice_plugins::server_info::NAME));
+                let info = self
+                    .server_info
+                    .clone()
+                    .filter(|_| enabled)
+                    .map(|i| (i, self.applied_rx.clone()));
                 let h = tokio::spawn(crate::control::serve(
                     l,
                     self.gateway.clone(),
                     self.rx.clone(),
+                    info,
                 ));
                 self.control = Some((addr, sock, h));
             }

@@ -4,6 +4,7 @@
 
 mod auth;
 mod body;
+mod brotli;
 #[path = "../common/ci.rs"]
 mod ci;
 mod conn_redis;
@@ -18,6 +19,8 @@ mod loggers;
 mod meta;
 mod metrics;
 mod mirror;
+mod mocking;
+mod public_api;
 mod redis;
 mod req_redis;
 mod restrict;
@@ -27,6 +30,7 @@ mod split;
 #[path = "../common/trace_receiver.rs"]
 mod trace_receiver;
 mod tracing;
+mod transform;
 mod validation;
 
 use std::io::{Read, Write};

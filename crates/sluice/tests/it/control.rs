@@ -20,6 +20,10 @@ struct Node {
 }
 
 async fn start(apisix_yaml: &str) -> Node {
+    start_with(apisix_yaml, "").await
+}
+
+async fn start_with(apisix_yaml: &str, extra_config: &str) -> Node {
     let dir = TempDir::new("control");
     std::fs::write(dir.0.join("apisix.yaml"), apisix_yaml).expect("write apisix.yaml");
     let (port, control_port) = (free_port(), free_port());
@@ -28,7 +32,7 @@ async fn start(apisix_yaml: &str) -> Node {
          \x20 enable_control: true\n  control:\n    ip: 127.0.0.1\n    port: {control_port}\n\
          nginx_config:\n  worker_processes: 1\n\
          deployment:\n  role: data_plane\n  role_data_plane:\n    config_provider: yaml\n\
-         plugin_attr:\n  prometheus:\n    enable_export_server: false\n"
+         plugin_attr:\n  prometheus:\n    enable_export_server: false\n{extra_config}"
     );
     std::fs::write(dir.0.join("config.yaml"), cfg).expect("write config.yaml");
     let gw: SocketAddr = ([127, 0, 0, 1], port).into();
@@ -132,4 +136,47 @@ async fn active_check_marks_the_dead_node_unhealthy_in_the_control_api() {
     tokio::time::timeout(Duration::from_secs(60), run)
         .await
         .expect("control API test timed out after 60 s");
+}
+
+/// server-info's control API (APISIX apisix/plugins/server-info.lua, t/plugin/server-info.t): `GET
+/// /v1/server_info` reports this node while the plugin is enabled (Sluice: every plugin unless `plugins:` lists
+/// some), with the id kept across restarts in the data directory; a `plugins:` list without it hides the endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_info_reports_the_node_while_the_plugin_is_enabled() {
+    let run = async {
+        let yaml = "routes: []\n#END\n";
+        let node = start(yaml).await;
+        let (st, info) = get_json(node.control, "/v1/server_info").await;
+        assert_eq!(st, 200, "{info}");
+        let id = info["id"].as_str().expect("id");
+        assert_eq!(id.len(), 36, "{info}");
+        assert!(
+            info["hostname"].as_str().is_some_and(|h| !h.is_empty()),
+            "{info}"
+        );
+        assert_eq!(info["version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(info["etcd_version"], "unknown");
+        let boot = info["boot_time"].as_u64().expect("boot_time");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(boot <= now && now - boot < 600, "{info}");
+        assert!(
+            info["up_time"]
+                .as_u64()
+                .is_some_and(|u| u <= now - boot + 1),
+            "{info}"
+        );
+        drop(node);
+
+        let node = start_with(yaml, "plugins:\n  - key-auth\n").await;
+        let (st, _) = get_json(node.control, "/v1/server_info").await;
+        assert_eq!(st, 404);
+        let (st, _) = get_json(node.control, "/v1/healthcheck").await;
+        assert_eq!(st, 200);
+    };
+    tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("test timed out");
 }
