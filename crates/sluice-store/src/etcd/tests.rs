@@ -91,13 +91,35 @@ impl Etcd {
     }
 
     async fn connect(&self) -> EtcdStore {
+        self.connect_with(self.cfg())
+            .await
+            .expect("etcd did not come up")
+    }
+
+    /// Connects with `cfg`, retrying (bounded) while etcd starts; the last error if it never answers.
+    async fn connect_with(&self, cfg: EtcdConfig) -> Result<EtcdStore, StoreError> {
+        let mut last = None;
         for _ in 0..100 {
-            if let Ok(s) = EtcdStore::connect(self.cfg()).await {
-                return s;
+            match EtcdStore::connect(cfg.clone()).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("etcd did not come up");
+        Err(last.expect("tried"))
+    }
+
+    /// A plain client, once etcd answers (bounded).
+    async fn raw_client(&self) -> Client {
+        for _ in 0..100 {
+            if let Ok(mut c) = Client::connect([self.url()], None).await {
+                if c.get("x", None).await.is_ok() {
+                    return c;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("etcd did not answer");
     }
 }
 
@@ -219,14 +241,7 @@ async fn outage_keeps_last_config_then_resyncs() {
 
     etcd.spawn();
     // A change made by someone else while we reconnect must arrive through the full resync or the watch.
-    let mut raw = loop {
-        if let Ok(mut c) = Client::connect([etcd.url()], None).await {
-            if c.get("x", None).await.is_ok() {
-                break c;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let mut raw = etcd.raw_client().await;
     raw.put("/apisix/routes/2", r#"{"uri":"/b","plugins":{}}"#, None)
         .await
         .unwrap();
@@ -250,17 +265,10 @@ async fn starts_from_last_known_good_while_etcd_is_down_then_catches_up() {
         last_known_good: Some(file.clone()),
         ..etcd.cfg()
     };
-    let s = {
-        let mut n = 0;
-        loop {
-            match EtcdStore::connect(cfg.clone()).await {
-                Ok(s) => break s,
-                Err(_) if n < 100 => n += 1,
-                Err(e) => panic!("etcd did not come up: {e}"),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
+    let s = etcd
+        .connect_with(cfg.clone())
+        .await
+        .expect("etcd did not come up");
     let rev = s
         .commit(vec![Op::Put {
             key: "routes/1".into(),
@@ -311,14 +319,7 @@ async fn starts_from_last_known_good_while_etcd_is_down_then_catches_up() {
 
     // etcd returns with a change made meanwhile: caught up, and the copy follows.
     etcd.spawn();
-    let mut raw = loop {
-        if let Ok(mut c) = Client::connect([etcd.url()], None).await {
-            if c.get("x", None).await.is_ok() {
-                break c;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let mut raw = etcd.raw_client().await;
     raw.put("/apisix/routes/2", r#"{"uri":"/b","plugins":{}}"#, None)
         .await
         .unwrap();
@@ -432,18 +433,8 @@ async fn tls_with_client_certificates_and_user_password_auth() {
         tls: tls.clone(),
         ..etcd.cfg()
     };
-    let connect = |cfg: EtcdConfig| async move {
-        let mut last = None;
-        for _ in 0..50 {
-            match EtcdStore::connect(cfg.clone()).await {
-                Ok(s) => return Ok(s),
-                Err(e) => last = Some(e),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Err(last.unwrap())
-    };
-    let s = connect(cfg.clone())
+    let s = etcd
+        .connect_with(cfg.clone())
         .await
         .expect("TLS with a client certificate");
     s.commit(vec![Op::Put {
@@ -506,7 +497,10 @@ async fn tls_with_client_certificates_and_user_password_auth() {
         auth: Some(("root".into(), Secret(b"s3cret-pw".to_vec()))),
         ..cfg.clone()
     };
-    let s2 = connect(with_user).await.expect("user and password");
+    let s2 = etcd
+        .connect_with(with_user)
+        .await
+        .expect("user and password");
     assert_eq!(s2.subscribe().borrow().resources.routes.len(), 1);
     s2.commit(vec![Op::Put {
         key: "routes/2".into(),
