@@ -12,7 +12,21 @@ fn page() -> String {
     format!("<html>{}</html>", "hello brotli ".repeat(400))
 }
 
-/// An origin answering `/html` (text/html with a strong ETag), `/json`, `/small`, `/encoded` (already gzip) and
+/// `n` bytes of text that repeats only at long distances, so a too small window would lose matches or data.
+fn sized(n: usize) -> String {
+    let mut x: u32 = 2_463_534_242;
+    let words: Vec<String> = (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            format!("w{:x} ", x % 50_000)
+        })
+        .collect();
+    words.concat().repeat(n / 20_000 + 1)[..n].to_owned()
+}
+
+/// An origin answering `/n/<len>` (text/html of that length), `/html` (text/html with a strong ETag), `/json`, `/small`, `/encoded` (already gzip) and
 /// `/stream` (a chunked page in several pieces).
 fn origin() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -51,6 +65,12 @@ fn origin() -> SocketAddr {
                         std::thread::sleep(Duration::from_millis(5));
                     }
                     let _ = c.write_all(b"0\r\n\r\n");
+                    return;
+                }
+                if let Some(n) = path.strip_prefix("/n/") {
+                    let body = sized(n.parse().unwrap_or(0));
+                    let out = fixed("text/html", "", &body);
+                    let _ = c.write_all(out.as_bytes());
                     return;
                 }
                 let out = match path.as_str() {
@@ -172,6 +192,17 @@ fn compresses_when_accepted_with_apisix_head() {
     assert!(get(g.addr, "HTTP/1.1", "/bare", &[BR])
         .header("etag")
         .is_none());
+}
+
+#[test]
+fn window_sized_to_the_answer_decodes_at_every_size() {
+    let up = origin();
+    let g = gw(up, json!({"brotli": {"min_length": 1}}));
+    for n in [1, 1023, 1024, 1025, 65_535, 65_536, 65_537, 300_000] {
+        let r = get(g.addr, "HTTP/1.1", &format!("/n/{n}"), &[BR]);
+        assert_eq!(r.header("content-encoding"), Some("br"), "{n}: {}", r.head);
+        assert_eq!(r.decoded(), sized(n), "{n}");
+    }
 }
 
 #[test]
