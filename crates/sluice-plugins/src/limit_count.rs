@@ -2,8 +2,8 @@
 //! Keys follow APISIX: `key_type` var / var_combination / constant, falling back to the client address; windows
 //! are scoped per route and configuration unless a `group` shares them. Policy `local` counts exactly across
 //! every worker thread ([`crate::counters::WindowStore`]); the windows live in [`crate::Shared`], so a reload
-//! that keeps a route's configuration keeps its counts. Policies `redis` / `redis-cluster` count exactly
-//! cluster-wide by leasing slices of each window's quota from Redis ([`remote`]).
+//! that keeps a route's configuration keeps its counts. Policies `redis` / `redis-cluster` / `redis-sentinel`
+//! count exactly cluster-wide by leasing slices of each window's quota from Redis ([`remote`]).
 
 pub(crate) mod remote;
 
@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::counters::{key_hash, Quota, WindowStore, MAX_COUNT};
-use crate::redis_sync::{fnv, with_redis_schema, Connect, RedisConf};
+use crate::redis_sync::{fnv, with_sentinel_schema, Connect, RedisConf};
 use crate::registry::Entry;
 use crate::util::{parse, reject, LimitKey};
 use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin, Resume};
@@ -38,7 +38,7 @@ pub(crate) const ENTRY: Entry = Entry {
 };
 
 fn schema() -> Value {
-    with_redis_schema(json!({
+    with_sentinel_schema(json!({
         "type": "object",
         "properties": {
             "count": {"type": "integer", "exclusiveMinimum": 0},

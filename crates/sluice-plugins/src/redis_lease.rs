@@ -117,7 +117,11 @@ fn serve(rx: mpsc::Receiver<Job>, c: Connect, plugin: &'static str) {
                 for j in &batch {
                     p.add_command(j.cmd.clone());
                 }
-                match con.query_pipe(&p) {
+                let mut r = con.query_pipe(&p);
+                if resend(&r) && reopen(con, &c, plugin) {
+                    r = con.query_pipe(&p);
+                }
+                match r {
                     Ok(values) if values.len() == batch.len() => {
                         for (j, v) in batch.drain(..).zip(values) {
                             (j.done)(Some(v), sent);
@@ -139,7 +143,11 @@ fn serve(rx: mpsc::Receiver<Job>, c: Connect, plugin: &'static str) {
                 let mut ok = true;
                 for j in batch.drain(..) {
                     let sent = now_ms();
-                    match con.query::<redis::Value>(&j.cmd) {
+                    let mut r = con.query::<redis::Value>(&j.cmd);
+                    if resend(&r) && reopen(con, &c, plugin) {
+                        r = con.query::<redis::Value>(&j.cmd);
+                    }
+                    match r {
                         Ok(v) => (j.done)(Some(v), sent),
                         Err(e) => {
                             tracing::warn!(error = %e, "{plugin}: redis failed");
@@ -155,6 +163,27 @@ fn serve(rx: mpsc::Receiver<Job>, c: Connect, plugin: &'static str) {
             conn = None;
             failed_at = Some(Instant::now());
         }
+    }
+}
+
+/// Whether the call should be sent once more on a fresh connection: Redis refused it as a replica (a master
+/// demoted by a failover runs none of a refused write), or closed the connection (a demoted master closes its
+/// clients; a restarted Redis left the connection stale). If a dropped call had in fact run, sending it again
+/// counts it twice: stricter, never past the limit (a lease granted twice leaves quota unused, a request
+/// counted twice in a bucket or a connection set is only refused sooner).
+fn resend<T>(r: &redis::RedisResult<T>) -> bool {
+    matches!(r, Err(e) if e.kind() == redis::ErrorKind::ReadOnly || e.is_connection_dropped())
+}
+
+/// Connects again (a sentinel backend asks where the master is now); false, leaving `con`, when that fails.
+fn reopen(con: &mut Conn, c: &Connect, plugin: &str) -> bool {
+    match Conn::open(&c.backend, c.timeout, c.password.as_deref()) {
+        Ok(fresh) => {
+            tracing::info!("{plugin}: redis connection dropped or read-only; reconnected");
+            *con = fresh;
+            true
+        }
+        Err(_) => false,
     }
 }
 

@@ -669,3 +669,180 @@ fn redis_policy_cpu_per_request() {
         );
     }
 }
+
+/// A Redis Sentinel (redis-server in sentinel mode) on a free port, monitoring 127.0.0.1:`master` as `m1` with a
+/// quorum of one; `password` sets its `requirepass`.
+fn start_sentinel(master: u16, password: Option<&str>) -> Redis {
+    for _ in 0..5 {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("sluice-sentinel-{port}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut conf = format!(
+            "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor m1 127.0.0.1 {master} 1\n\
+             sentinel down-after-milliseconds m1 1000\nsentinel failover-timeout m1 3000\n",
+            dir.display()
+        );
+        if let Some(p) = password {
+            conf.push_str(&format!("requirepass {p}\n"));
+        }
+        let file = dir.join("sentinel.conf");
+        std::fs::write(&file, conf).unwrap();
+        let child = Command::new("redis-server")
+            .arg(&file)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server --sentinel");
+        let mut s = Redis {
+            port,
+            child,
+            _dir: TempDir(dir),
+        };
+        let t0 = Instant::now();
+        loop {
+            let mut args = vec!["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "m1"];
+            if let Some(p) = password {
+                args.splice(0..0, ["--no-auth-warning", "-a", p]);
+            }
+            if redis_cli(port, &args).contains(&master.to_string()) {
+                return s;
+            }
+            if s.child.try_wait().ok().flatten().is_some() || t0.elapsed() > Duration::from_secs(10)
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    panic!("redis sentinel did not start");
+}
+
+fn on_sentinel(sentinel: u16, mut conf: Value) -> Value {
+    conf["policy"] = json!("redis-sentinel");
+    conf["redis_sentinels"] = json!([{"host": "127.0.0.1", "port": sentinel}]);
+    conf["redis_master_name"] = json!("m1");
+    conf
+}
+
+/// Polls `cond` every 50 ms for at most `secs` seconds.
+fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(secs),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `redis-sentinel` (APISIX's limit-count policy): the count is exact across two nodes on the master a sentinel
+/// names, and after a failover the nodes follow the new master: a spent window stays spent (no 200 ever: the
+/// promoted replica holds the count), while a demoted master is never written to again.
+#[test]
+fn redis_sentinel_policy_counts_and_follows_a_failover() {
+    let Some((master, o)) = redis_and_origin() else {
+        return;
+    };
+    let replica = start_redis(false);
+    redis_cli(
+        replica.port,
+        &["REPLICAOF", "127.0.0.1", &master.port.to_string()],
+    );
+    let s = start_sentinel(master.port, None);
+    let rport = replica.port.to_string();
+    wait_until(20, "the sentinel sees the replica", || {
+        redis_cli(s.port, &["SENTINEL", "REPLICAS", "m1"]).contains(&rport)
+    });
+    let conf = on_sentinel(
+        s.port,
+        json!({"count": 6, "time_window": 60, "key": "http_x_k", "redis_connect_timeout": 200, "redis_read_timeout": 200}),
+    );
+    let (a, b) = two(&o, conf);
+    let k = [("X-K", "spent")];
+    let statuses: Vec<u16> = (0..8)
+        .map(|i| if i % 2 == 0 { &a } else { &b }.get("/hello", &k).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 200, 503, 503]);
+    assert!(redis_commands(master.port).0 > 0, "the master counted");
+    redis_cli(master.port, &["WAIT", "1", "2000"]);
+    assert!(redis_cli(s.port, &["SENTINEL", "FAILOVER", "m1"]).contains("OK"));
+    wait_until(
+        30,
+        "the replica is promoted and the old master demoted",
+        || {
+            redis_cli(s.port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "m1"]).contains(&rport)
+                && redis_cli(master.port, &["ROLE"]).starts_with("slave")
+        },
+    );
+    let evals_before = redis_commands(replica.port).0;
+    // The spent key stays spent on both nodes: 500 while a node finds its way to the new master, never 200.
+    for gw in [&a, &b] {
+        let t0 = Instant::now();
+        loop {
+            let st = gw.get("/hello", &k).status;
+            assert_ne!(st, 200, "the window was reset by the failover");
+            if st == 503 {
+                break;
+            }
+            assert_eq!(st, 500);
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "still 500 after a failover"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let fresh = a.get("/hello", &[("X-K", "fresh")]);
+    assert_eq!(fresh.status, 200);
+    assert_eq!(fresh.header("x-ratelimit-remaining"), Some("5"));
+    assert!(
+        redis_commands(replica.port).0 > evals_before,
+        "the promoted replica answers the leases"
+    );
+}
+
+/// The sentinel's own password (`sentinel_password`) is used, a wrong one or an unknown master name fails closed
+/// with APISIX's 500, and a configuration without sentinels or a master name is refused.
+#[test]
+fn redis_sentinel_auth_unknown_master_and_bad_configurations() {
+    let Some((master, o)) = redis_and_origin() else {
+        return;
+    };
+    let s = start_sentinel(master.port, Some("s3cret"));
+    let base = json!({"count": 2, "time_window": 60, "redis_connect_timeout": 200, "redis_read_timeout": 200});
+    let mut good = on_sentinel(s.port, base.clone());
+    good["sentinel_password"] = json!("s3cret");
+    let gw = Gw::start(plugin_cfg(&o, "limit-count", good.clone()));
+    assert_eq!(gw.get("/hello", &[]).status, 200);
+    assert_eq!(gw.get("/hello", &[]).status, 200);
+    assert_eq!(gw.get("/hello", &[]).status, 503);
+    for (field, value) in [
+        ("sentinel_password", "wrong"),
+        ("redis_master_name", "nope"),
+    ] {
+        let mut bad = good.clone();
+        bad[field] = json!(value);
+        let gw = Gw::start(plugin_cfg(&o, "limit-count", bad));
+        let r = gw.get("/hello", &[]);
+        assert_eq!(
+            (r.status, r.json()),
+            (500, json!({"error_msg": "failed to limit count"})),
+            "{field}"
+        );
+    }
+    let mut no_pw = good.clone();
+    no_pw.as_object_mut().unwrap().remove("sentinel_password");
+    let gw = Gw::start(plugin_cfg(&o, "limit-count", no_pw));
+    assert_eq!(gw.get("/hello", &[]).status, 500);
+    for field in ["redis_sentinels", "redis_master_name"] {
+        let mut bad = good.clone();
+        bad.as_object_mut().unwrap().remove(field);
+        assert!(
+            Gw::start_with(plugin_cfg(&o, "limit-count", bad), Arc::default(), 1).is_err(),
+            "{field}"
+        );
+    }
+}
