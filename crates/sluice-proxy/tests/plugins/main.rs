@@ -207,6 +207,13 @@ impl Gw {
     pub fn get(&self, target: &str, headers: &[(&str, &str)]) -> Resp {
         request(self.addr, "GET", target, headers, "")
     }
+
+    /// A GET whose log phase has run when this returns: the gateway closes the connection only after it (a plain
+    /// [`Gw::get`] returns at the body's last byte, and the next request may overtake the log phase on another
+    /// worker).
+    pub fn get_logged(&self, target: &str, headers: &[(&str, &str)]) -> Resp {
+        send(self.addr, "GET", target, headers, "", true)
+    }
 }
 
 impl Drop for Gw {
@@ -244,6 +251,18 @@ pub fn request(
     target: &str,
     headers: &[(&str, &str)],
     body: &str,
+) -> Resp {
+    send(addr, method, target, headers, body, false)
+}
+
+/// [`request`], returning at the response's last byte or, with `until_close`, once the gateway closed.
+fn send(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+    until_close: bool,
 ) -> Resp {
     let mut c = TcpStream::connect(addr).expect("connect gateway");
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -285,7 +304,7 @@ pub fn request(
                 Some(l) => buf.len() >= n + l,
                 None => false,
             };
-            if done || method == "HEAD" {
+            if (done || method == "HEAD") && !until_close {
                 let end = (n + len.unwrap_or(0)).min(buf.len());
                 return Resp {
                     status,

@@ -517,28 +517,32 @@ fn api_breaker_opens_after_failures_and_closes_after_successes() {
             "healthy": {"http_statuses": [200], "successes": 2}
         }}))]}),
     );
-    assert_eq!(gw.get("/b/x?code=500", &[]).status, 500);
+    assert_eq!(gw.get_logged("/b/x?code=500", &[]).status, 500);
     assert_eq!(
-        gw.get("/b/y?code=500", &[]).status,
+        gw.get_logged("/b/y?code=500", &[]).status,
         500,
         "another URI is counted apart"
     );
     assert_eq!(
-        gw.get("/b/x?code=503", &[]).status,
+        gw.get_logged("/b/x?code=503", &[]).status,
         503,
         "the 2nd failure opens the breaker"
     );
     let seen = o.count();
-    let r = gw.get("/b/x", &[]);
+    let r = gw.get_logged("/b/x", &[]);
     assert_eq!(
         (r.status, r.body.as_str(), r.header("x-breaker")),
         (502, "{\"message\":\"breaker open\"}", Some("open for /b/x"))
     );
     assert_eq!(o.count(), seen, "an open breaker does not ask the upstream");
-    assert_eq!(gw.get("/b/y", &[]).status, 200, "/b/y had one failure only");
+    assert_eq!(
+        gw.get_logged("/b/y", &[]).status,
+        200,
+        "/b/y had one failure only"
+    );
     // 2^1 seconds later requests go through again (APISIX's check is `opened + 2 >= now`, in whole seconds).
     let waited = std::time::Instant::now();
-    while gw.get("/b/x", &[]).status == 502 {
+    while gw.get_logged("/b/x", &[]).status == 502 {
         assert!(
             waited.elapsed() < std::time::Duration::from_secs(10),
             "the breaker never let a request through"
@@ -547,16 +551,16 @@ fn api_breaker_opens_after_failures_and_closes_after_successes() {
     }
     // That request succeeded: one success of two. One more closes the breaker and forgets the count, so two new
     // failures open it for 2 s again, not for 4.
-    assert_eq!(gw.get("/b/x", &[]).status, 200);
-    assert_eq!(gw.get("/b/x?code=500", &[]).status, 500);
-    assert_eq!(gw.get("/b/x?code=500", &[]).status, 500);
+    assert_eq!(gw.get_logged("/b/x", &[]).status, 200);
+    assert_eq!(gw.get_logged("/b/x?code=500", &[]).status, 500);
+    assert_eq!(gw.get_logged("/b/x?code=500", &[]).status, 500);
     assert_eq!(
-        gw.get("/b/x", &[]).status,
+        gw.get_logged("/b/x", &[]).status,
         502,
         "open again after two more failures"
     );
     let reopened = std::time::Instant::now();
-    while gw.get("/b/x", &[]).status == 502 {
+    while gw.get_logged("/b/x", &[]).status == 502 {
         assert!(
             reopened.elapsed() < std::time::Duration::from_secs(10),
             "stuck open"
@@ -572,7 +576,7 @@ fn api_breaker_opens_after_failures_and_closes_after_successes() {
 
     let gw = one(&o, json!({"api-breaker": {"break_response_code": 599}}));
     for _ in 0..3 {
-        assert_eq!(gw.get("/hello", &[]).status, 200);
+        assert_eq!(gw.get_logged("/hello", &[]).status, 200);
     }
     let bad = [
         json!({}),
