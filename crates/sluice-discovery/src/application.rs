@@ -7,11 +7,18 @@
 //! * `{root}/metadata/{application}/{revision}`: the application's metadata for that revision (metadata-type
 //!   remote): `services`, each with `name` (the interface), `group`, `version`, `protocol`, `port` and `params`.
 //!
+//! With Dubbo's default `metadata-type=local` there is no metadata node: the instance serves its metadata itself,
+//! `MetadataService.getMetadataInfo(revision)` (group: the application, version 1.0.0) on the port its
+//! `dubbo.metadata-service.url-params` name; [`metadata_request`] and [`parse_metadata_value`] are that call.
+//!
 //! These functions turn that text into [`Provider`]s (IO-free); [`crate::zookeeper`] reads and watches the nodes.
 //! As with the interface-level entries, Zookeeper is trusted as the source of nodes, but anything that does not
 //! parse is skipped (logged by the caller), never a failure.
 
 use serde_json::Value;
+use sluice_dubbo::invoke;
+use sluice_dubbo::java::JavaType;
+use sluice_dubbo::protocol::{Outcome, Request, Status};
 
 use crate::provider::{Provider, DEFAULT_WEIGHT};
 
@@ -56,6 +63,9 @@ pub struct Instance {
     pub revision: String,
     /// `dubbo.endpoints`: the port of each protocol it serves.
     pub endpoints: Vec<(String, u16)>,
+    /// Where its `MetadataService` answers over the dubbo protocol (from `dubbo.metadata-service.url-params`), when
+    /// it does.
+    pub metadata_port: Option<u16>,
 }
 
 fn port_of(v: &Value) -> Option<u16> {
@@ -105,11 +115,16 @@ pub fn parse_instance(data: &[u8]) -> Result<Instance, String> {
             ))
         })
         .collect();
+    let metadata_port = text("dubbo.metadata-service.url-params")
+        .and_then(|e| serde_json::from_str::<Value>(e).ok())
+        .filter(|u| u.get("protocol").and_then(Value::as_str).unwrap_or("dubbo") == "dubbo")
+        .and_then(|u| u.get("port").and_then(port_of));
     Ok(Instance {
         host,
         port,
         revision,
         endpoints,
+        metadata_port,
     })
 }
 
@@ -132,6 +147,11 @@ pub fn parse_metadata(data: &[u8]) -> Result<Vec<Service>, String> {
         return Err(format!("metadata of {} bytes", data.len()));
     }
     let v: Value = serde_json::from_slice(data).map_err(|e| format!("not JSON: {e}"))?;
+    metadata_of(&v)
+}
+
+/// The services of a metadata document (the JSON of the node, or of `MetadataInfo` as the instance returns it).
+fn metadata_of(v: &Value) -> Result<Vec<Service>, String> {
     let services = v
         .get("services")
         .and_then(Value::as_object)
@@ -166,6 +186,28 @@ pub fn parse_metadata(data: &[u8]) -> Result<Vec<Service>, String> {
         });
     }
     Ok(out)
+}
+
+/// The call that asks an instance of `app` for its metadata at `revision`.
+pub fn metadata_request(app: &str, revision: &str) -> Request {
+    let mut svc = invoke::Service::new("org.apache.dubbo.metadata.MetadataService", "1.0.0");
+    svc.group = Some(app.to_owned());
+    invoke::direct_request(
+        &svc,
+        "getMetadataInfo",
+        &[JavaType::String],
+        &[Value::String(revision.to_owned())],
+    )
+    .expect("a string argument for a String parameter")
+}
+
+/// The services of a `getMetadataInfo` answer (a `MetadataInfo` object).
+pub fn parse_metadata_value(
+    result: Result<Outcome, String>,
+    status: Status,
+) -> Result<Vec<Service>, String> {
+    let v = invoke::result_json(result, status).map_err(|e| e.to_string())?;
+    metadata_of(&v)
 }
 
 /// The providers of `interface` that `instance` serves, per its application's metadata.
@@ -204,6 +246,7 @@ mod tests {
     fn a_java_provider_s_nodes_become_providers() {
         let i = parse_instance(INSTANCE.as_bytes()).unwrap();
         assert_eq!((i.host.as_str(), i.port), ("::1", 37061));
+        assert_eq!(i.metadata_port, None);
         assert_eq!(i.revision, "527195993ff82f77ff2c35004cb4726b");
         assert_eq!(
             i.endpoints,
@@ -239,6 +282,26 @@ mod tests {
         let t = providers("org.sluice.peer.TypesService", &i, &services);
         assert!(t.len() == 1 && t[0].disabled && t[0].version.is_none());
         assert!(providers("org.other.Service", &i, &services).is_empty());
+    }
+
+    #[test]
+    fn a_local_metadata_instance_names_its_metadata_service() {
+        // metadata-type local: the port of the instance's MetadataService.
+        let local = r#"{"name":"app-local","address":"[::1]","port":20882,"payload":{"metadata":{"dubbo.endpoints":"[{\"port\":20882,\"protocol\":\"dubbo\"}]","dubbo.metadata-service.url-params":"{\"serialization\":\"hessian2\",\"version\":\"1.0.0\",\"port\":\"20883\",\"protocol\":\"dubbo\"}","dubbo.metadata.revision":"b1777e79","dubbo.metadata.storage-type":"local"}}}"#;
+        let i = parse_instance(local.as_bytes()).unwrap();
+        assert_eq!(i.metadata_port, Some(20883));
+        let tri = local.replace(r#"\"protocol\":\"dubbo\"}""#, r#"\"protocol\":\"tri\"}""#);
+        assert_eq!(parse_instance(tri.as_bytes()).unwrap().metadata_port, None);
+        let req = metadata_request("app-local", "b1777e79");
+        assert_eq!(req.service, "org.apache.dubbo.metadata.MetadataService");
+        assert_eq!(
+            (req.method.as_str(), req.param_types.as_str()),
+            ("getMetadataInfo", "Ljava/lang/String;")
+        );
+        assert_eq!(
+            req.attachment("group"),
+            Some(&sluice_dubbo::hessian::Value::string("app-local"))
+        );
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //!   `{root}/{interface}/providers`, one URL-encoded provider URL each, an ephemeral node that vanishes with its
 //!   provider's session;
 //! * application level (Dubbo 3, `register-mode=instance`): the applications `{root}/mapping/{interface}` names,
-//!   their instances under `{services_root}/{application}`, and what each serves per its metadata revision at
-//!   `{root}/metadata/{application}/{revision}` (see [`crate::application`]).
+//!   their instances under `{services_root}/{application}`, and what each serves per its metadata revision, from
+//!   `{root}/metadata/{application}/{revision}` or else the instance's own `MetadataService` (see
+//!   [`crate::application`]).
 //!
 //! An interface's providers are the union of both (one node per address). One task per process holds the
 //! session. An interface is listed the first time the compiler asks for it; the interface-level list again each
@@ -429,19 +430,24 @@ async fn list_application_level(
             let key = (app.clone(), instance.revision.clone());
             if !metadata.contains_key(&key) {
                 let path = format!("{}/metadata/{app}/{}", cfg.root, instance.revision);
-                match data(client, &path)
-                    .await?
-                    .map(|d| application::parse_metadata(&d))
-                {
-                    Some(Ok(m)) => {
+                let found = match data(client, &path).await? {
+                    Some(d) => {
+                        application::parse_metadata(&d).map_err(|why| format!("{path}: {why}"))
+                    }
+                    // metadata-type local: the instance serves it.
+                    None => match instance.metadata_port {
+                        Some(port) => ask_metadata(&instance, port, app, cfg.connect_timeout).await,
+                        None => Err(format!(
+                            "no {path} and no MetadataService named by the instance"
+                        )),
+                    },
+                };
+                match found {
+                    Ok(m) => {
                         metadata.insert(key.clone(), m);
                     }
-                    Some(Err(why)) => {
-                        tracing::warn!(%path, %why, "zookeeper discovery: application metadata skipped");
-                        continue;
-                    }
-                    None => {
-                        tracing::warn!(%path, "zookeeper discovery: no metadata for this revision in Zookeeper (the provider needs metadata-type remote); instance skipped");
+                    Err(why) => {
+                        tracing::warn!(%app, instance = %child, %why, "zookeeper discovery: no metadata for this instance's revision; instance skipped");
                         continue;
                     }
                 }
@@ -454,6 +460,64 @@ async fn list_application_level(
         }
     }
     Ok((apps, providers))
+}
+
+/// Asks an instance's `MetadataService` (dubbo protocol, hessian2) for its metadata at its revision; one call on a
+/// connection of its own, bounded by `within` (connect, write and answer together).
+async fn ask_metadata(
+    instance: &Instance,
+    port: u16,
+    app: &str,
+    within: Duration,
+) -> Result<Vec<application::Service>, String> {
+    use sluice_dubbo::protocol::{self, FrameDecoder, Message, DEFAULT_MAX_PAYLOAD};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ip: std::net::IpAddr = instance
+        .host
+        .parse()
+        .map_err(|_| "bad address".to_owned())?;
+    let addr = std::net::SocketAddr::new(ip, port);
+    let req = application::metadata_request(app, &instance.revision);
+    let mut frame = Vec::new();
+    protocol::encode_request(&req, 1, DEFAULT_MAX_PAYLOAD, &mut frame)
+        .map_err(|e| e.to_string())?;
+    let call = async {
+        let mut s = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("MetadataService at {addr}: {e}"))?;
+        s.write_all(&frame)
+            .await
+            .map_err(|e| format!("MetadataService at {addr}: {e}"))?;
+        let mut dec = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            while let Some(f) = dec.next_frame().map_err(|e| e.to_string())? {
+                // A heartbeat or anything else is not the answer.
+                if let Message::Response {
+                    id: 1,
+                    status,
+                    result,
+                    ..
+                } = protocol::decode(&f).map_err(|e| e.to_string())?
+                {
+                    return application::parse_metadata_value(result, status);
+                }
+            }
+            let n = s
+                .read(&mut buf)
+                .await
+                .map_err(|e| format!("MetadataService at {addr}: {e}"))?;
+            if n == 0 {
+                return Err(format!(
+                    "MetadataService at {addr}: closed before answering"
+                ));
+            }
+            dec.push(&buf[..n]);
+        }
+    };
+    tokio::time::timeout(within, call)
+        .await
+        .map_err(|_| format!("MetadataService at {addr}: no answer within {within:?}"))?
 }
 
 /// The providers node's children with a watch on them; a missing node is no provider, watched for creation.

@@ -165,7 +165,8 @@ impl Provider {
         Provider::start_with(zk, port, version, group, &[])
     }
 
-    /// Registered as Dubbo 3 application-level discovery does only (`register-mode=instance`), as `app`.
+    /// Registered as Dubbo 3 application-level discovery does only (`register-mode=instance`), as `app`, its
+    /// metadata in Zookeeper (`metadata-type=remote`).
     fn start_instance(zk: &Zk, app: &str, version: &str, group: Option<&str>) -> Provider {
         let app = format!("-Dapp={app}");
         Provider::start_with(
@@ -174,6 +175,19 @@ impl Provider {
             version,
             group,
             &["-Dregister.mode=instance", &app],
+        )
+    }
+
+    /// As [`Provider::start_instance`], its metadata served by its own MetadataService only (Dubbo's default
+    /// `metadata-type=local`).
+    fn start_instance_local(zk: &Zk, app: &str, version: &str) -> Provider {
+        let app = format!("-Dapp={app}");
+        Provider::start_with(
+            zk,
+            None,
+            version,
+            None,
+            &["-Dregister.mode=instance", "-Dmetadata.type=local", &app],
         )
     }
 
@@ -457,8 +471,9 @@ async fn providers_found_in_zookeeper_answer_and_follow_it() {
 }
 
 /// Dubbo 3 application-level discovery: providers that register only their instance (`register-mode=instance`,
-/// metadata in Zookeeper) are found through `/dubbo/mapping/{interface}` and `/services/{application}`, filtered by
-/// the version and group of their metadata, and followed as they come and go.
+/// metadata in Zookeeper, or kept by the instance) are found through `/dubbo/mapping/{interface}` and
+/// `/services/{application}`, filtered by the version and group of their metadata, and followed as they come and
+/// go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn application_level_providers_are_found_filtered_and_followed() {
     if !ready() {
@@ -468,6 +483,7 @@ async fn application_level_providers_are_found_filtered_and_followed() {
     let routes = [
         route("v1", "zookeeper", DEMO, "1.0.0", None, ""),
         route("v2g", "zookeeper", DEMO, "2.0.0", Some("g2"), ""),
+        route("v3", "zookeeper", DEMO, "3.0.0", None, ""),
     ]
     .concat();
     let mut a = Provider::start_instance(&zk, "app-a", "1.0.0", None);
@@ -506,8 +522,24 @@ async fn application_level_providers_are_found_filtered_and_followed() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(zk.providers(DEMO).await.is_empty());
+
+    // Metadata kept by the instance (no /dubbo/metadata/app-l node): asked from its MetadataService.
+    assert_eq!(call(gw.addr, "/v3").await.0, 503);
+    let d = Provider::start_instance_local(&zk, "app-l", "3.0.0");
+    wait_served_by(gw.addr, "/v3", d.port, Duration::from_secs(20)).await;
+    let zc = zk.client().await;
+    let remote = zc.list_children("/dubbo/metadata/app-l").await;
+    assert!(
+        matches!(&remote, Err(zookeeper_client::Error::NoNode))
+            || remote.as_ref().is_ok_and(Vec::is_empty),
+        "{remote:?}"
+    );
+    let t = tally(gw.addr, "/v1", 4).await;
+    assert_eq!(t.get(&(200, Some(c.port))), Some(&4), "{t:?}");
+    drop(zc);
     drop(b);
     drop(c);
+    drop(d);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,8 @@ import org.apache.dubbo.config.bootstrap.DubboBootstrap;
  * With `-Dregister.mode=instance` it registers as Dubbo 3 application-level service discovery does instead: the
  * instance under /services/{application} (`-Dapp`, default sluice-java-peer), the interface -> application
  * mapping under /dubbo/mapping/{interface} and the application's metadata under
- * /dubbo/metadata/{application}/{revision} (metadata-type remote).
+ * /dubbo/metadata/{application}/{revision} (metadata-type remote; `-Dmetadata.type=local` leaves it to the
+ * instance's MetadataService).
  */
 public class Provider {
     public static void main(String[] args) {
@@ -39,7 +40,8 @@ public class Provider {
                 // by the instance's MetadataService).
                 reg.setRegisterMode("instance");
                 reg.setUseAsMetadataCenter(true);
-                app.setMetadataType("remote");
+                // `-Dmetadata.type=local`: Dubbo's default, the metadata served by the instance's MetadataService only.
+                app.setMetadataType(System.getProperty("metadata.type", "remote"));
             } else {
                 // Interface-level registration only (/dubbo/{interface}/providers).
                 reg.setRegisterMode("interface");
