@@ -314,10 +314,13 @@ async fn session(
         while let Some(iface) = pending_apps.pop_first() {
             let listing = list_application_level(client, cfg, &iface, &mut metadata);
             match tokio::time::timeout(cfg.session_timeout, listing).await {
-                Ok(Ok((apps, providers))) => {
+                Ok(Ok((apps, providers, incomplete))) => {
                     apps_of.insert(iface.clone(), apps);
                     sources.application.insert(iface.clone(), providers);
                     update(known, sources, &iface, changed);
+                    if incomplete {
+                        retry_apps.insert(iface);
+                    }
                 }
                 Ok(Err(
                     zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed,
@@ -393,21 +396,35 @@ async fn data(client: &zk::Client, path: &str) -> Result<Option<Vec<u8>>, zk::Er
     }
 }
 
+/// Metadata revisions remembered per session; past this the memory starts over (a revision's metadata is read
+/// again when next needed).
+const MAX_REVISIONS: usize = 4096;
+
+/// Why an instance's metadata could not be had.
+enum NoMetadata {
+    /// For now (connect, write or answer failed, no answer in time): the listing is retried.
+    Unreachable(String),
+    /// As it is (no node and no MetadataService on the dubbo protocol, an answer that is not metadata).
+    Unusable(String),
+}
+
 /// `interface`'s application-level providers: the applications its mapping names, and the providers of each
-/// running instance of those (per the metadata of the instance's revision). An instance whose node or metadata
-/// does not parse, or whose metadata is not in Zookeeper, is skipped.
+/// running instance of those (per the metadata of the instance's revision, from Zookeeper or else asked from the
+/// instance, those calls made together). An instance whose node or metadata does not parse, or whose metadata
+/// cannot be had, is skipped; `true` in the answer when one was skipped for a failure that may pass (the caller
+/// lists again soon).
 async fn list_application_level(
     client: &zk::Client,
     cfg: &ZkConfig,
     interface: &str,
     metadata: &mut HashMap<(String, String), Vec<application::Service>>,
-) -> Result<(Vec<String>, Vec<Provider>), zk::Error> {
+) -> Result<(Vec<String>, Vec<Provider>, bool), zk::Error> {
     let mapping = format!("{}/mapping/{interface}", cfg.root);
     let apps = match data(client, &mapping).await? {
         Some(d) => application::parse_mapping(&d),
         None => Vec::new(),
     };
-    let mut providers = Vec::new();
+    let mut instances: Vec<(String, String, Instance)> = Vec::new();
     for app in &apps {
         let dir = format!("{}/{app}", cfg.services_root);
         let children = match client.list_children(&dir).await {
@@ -420,46 +437,85 @@ async fn list_application_level(
             let Some(d) = data(client, &format!("{dir}/{child}")).await? else {
                 continue;
             };
-            let instance: Instance = match application::parse_instance(&d) {
-                Ok(i) => i,
+            match application::parse_instance(&d) {
+                Ok(i) => instances.push((app.clone(), child, i)),
                 Err(why) => {
                     tracing::debug!(%app, instance = %child, %why, "zookeeper discovery: instance skipped");
-                    continue;
-                }
-            };
-            let key = (app.clone(), instance.revision.clone());
-            if !metadata.contains_key(&key) {
-                let path = format!("{}/metadata/{app}/{}", cfg.root, instance.revision);
-                let found = match data(client, &path).await? {
-                    Some(d) => {
-                        application::parse_metadata(&d).map_err(|why| format!("{path}: {why}"))
-                    }
-                    // metadata-type local: the instance serves it.
-                    None => match instance.metadata_port {
-                        Some(port) => ask_metadata(&instance, port, app, cfg.connect_timeout).await,
-                        None => Err(format!(
-                            "no {path} and no MetadataService named by the instance"
-                        )),
-                    },
-                };
-                match found {
-                    Ok(m) => {
-                        metadata.insert(key.clone(), m);
-                    }
-                    Err(why) => {
-                        tracing::warn!(%app, instance = %child, %why, "zookeeper discovery: no metadata for this instance's revision; instance skipped");
-                        continue;
-                    }
                 }
             }
-            providers.extend(application::providers(
-                interface,
-                &instance,
-                &metadata[&key],
-            ));
         }
     }
-    Ok((apps, providers))
+    // Revisions not known yet: their node, else one of their instances' MetadataService (all asked together).
+    let mut asks = Vec::new();
+    let mut failed: HashMap<(String, String), NoMetadata> = HashMap::new();
+    for (app, _, instance) in &instances {
+        let key = (app.clone(), instance.revision.clone());
+        if metadata.contains_key(&key)
+            || failed.contains_key(&key)
+            || asks.iter().any(|(k, _)| *k == key)
+        {
+            continue;
+        }
+        let path = format!("{}/metadata/{app}/{}", cfg.root, instance.revision);
+        match data(client, &path).await? {
+            Some(d) => match application::parse_metadata(&d) {
+                Ok(m) => {
+                    if metadata.len() >= MAX_REVISIONS {
+                        metadata.clear();
+                    }
+                    metadata.insert(key, m);
+                }
+                Err(why) => {
+                    failed.insert(key, NoMetadata::Unusable(format!("{path}: {why}")));
+                }
+            },
+            // metadata-type local: the instance serves it.
+            None => match instance.metadata_port {
+                Some(port) => {
+                    asks.push((key, ask_metadata(instance, port, app, cfg.connect_timeout)))
+                }
+                None => {
+                    let why = format!("no {path} and no MetadataService on the dubbo protocol");
+                    failed.insert(key, NoMetadata::Unusable(why));
+                }
+            },
+        }
+    }
+    let (keys, calls): (Vec<_>, Vec<_>) = asks.into_iter().unzip();
+    for (key, r) in keys
+        .into_iter()
+        .zip(futures_util::future::join_all(calls).await)
+    {
+        match r {
+            Ok(m) => {
+                if metadata.len() >= MAX_REVISIONS {
+                    metadata.clear();
+                }
+                metadata.insert(key, m);
+            }
+            Err(e) => {
+                failed.insert(key, e);
+            }
+        }
+    }
+    let mut providers = Vec::new();
+    let mut incomplete = false;
+    for (app, child, instance) in &instances {
+        let key = (app.clone(), instance.revision.clone());
+        match (metadata.get(&key), failed.get(&key)) {
+            (Some(m), _) => providers.extend(application::providers(interface, instance, m)),
+            (None, Some(NoMetadata::Unreachable(why))) => {
+                incomplete = true;
+                tracing::debug!(%app, instance = %child, %why, "zookeeper discovery: metadata not had yet; instance skipped, retrying");
+            }
+            (None, Some(NoMetadata::Unusable(why))) => {
+                tracing::warn!(%app, instance = %child, %why, "zookeeper discovery: no metadata for this instance's revision; instance skipped");
+            }
+            // Cleared meanwhile (MAX_REVISIONS): the next listing reads it again.
+            (None, None) => incomplete = true,
+        }
+    }
+    Ok((apps, providers, incomplete))
 }
 
 /// Asks an instance's `MetadataService` (dubbo protocol, hessian2) for its metadata at its revision; one call on a
@@ -469,55 +525,52 @@ async fn ask_metadata(
     port: u16,
     app: &str,
     within: Duration,
-) -> Result<Vec<application::Service>, String> {
+) -> Result<Vec<application::Service>, NoMetadata> {
     use sluice_dubbo::protocol::{self, FrameDecoder, Message, DEFAULT_MAX_PAYLOAD};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let ip: std::net::IpAddr = instance
         .host
         .parse()
-        .map_err(|_| "bad address".to_owned())?;
+        .map_err(|_| NoMetadata::Unusable("bad address".to_owned()))?;
     let addr = std::net::SocketAddr::new(ip, port);
     let req = application::metadata_request(app, &instance.revision);
     let mut frame = Vec::new();
     protocol::encode_request(&req, 1, DEFAULT_MAX_PAYLOAD, &mut frame)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| NoMetadata::Unusable(e.to_string()))?;
+    let io = |e: std::io::Error| NoMetadata::Unreachable(format!("MetadataService at {addr}: {e}"));
+    let unusable = |e: String| NoMetadata::Unusable(format!("MetadataService at {addr}: {e}"));
     let call = async {
-        let mut s = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("MetadataService at {addr}: {e}"))?;
-        s.write_all(&frame)
-            .await
-            .map_err(|e| format!("MetadataService at {addr}: {e}"))?;
+        let mut s = tokio::net::TcpStream::connect(addr).await.map_err(io)?;
+        s.write_all(&frame).await.map_err(io)?;
         let mut dec = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
         let mut buf = vec![0u8; 16 * 1024];
         loop {
-            while let Some(f) = dec.next_frame().map_err(|e| e.to_string())? {
+            while let Some(f) = dec.next_frame().map_err(|e| unusable(e.to_string()))? {
                 // A heartbeat or anything else is not the answer.
                 if let Message::Response {
                     id: 1,
                     status,
                     result,
                     ..
-                } = protocol::decode(&f).map_err(|e| e.to_string())?
+                } = protocol::decode(&f).map_err(|e| unusable(e.to_string()))?
                 {
-                    return application::parse_metadata_value(result, status);
+                    return application::parse_metadata_value(result, status).map_err(unusable);
                 }
             }
-            let n = s
-                .read(&mut buf)
-                .await
-                .map_err(|e| format!("MetadataService at {addr}: {e}"))?;
+            let n = s.read(&mut buf).await.map_err(io)?;
             if n == 0 {
-                return Err(format!(
+                return Err(NoMetadata::Unreachable(format!(
                     "MetadataService at {addr}: closed before answering"
-                ));
+                )));
             }
             dec.push(&buf[..n]);
         }
     };
-    tokio::time::timeout(within, call)
-        .await
-        .map_err(|_| format!("MetadataService at {addr}: no answer within {within:?}"))?
+    tokio::time::timeout(within, call).await.map_err(|_| {
+        NoMetadata::Unreachable(format!(
+            "MetadataService at {addr}: no answer within {within:?}"
+        ))
+    })?
 }
 
 /// The providers node's children with a watch on them; a missing node is no provider, watched for creation.
