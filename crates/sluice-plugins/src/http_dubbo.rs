@@ -179,6 +179,20 @@ fn answer(status: Status, flags: u8, body: &[u8]) -> Response {
     }
 }
 
+/// The declared class that `json` (an argument of type `t`) names another class for, if it does.
+fn other_class<'t>(t: &'t JavaType, json: &Value) -> Option<&'t str> {
+    match (t, json) {
+        (JavaType::Pojo(class), Value::Object(o)) => o
+            .get("class")
+            .filter(|named| named.as_str() != Some(class))
+            .map(|_| class.as_str()),
+        (JavaType::Array(elem), Value::Array(items)) => {
+            items.iter().find_map(|item| other_class(elem, item))
+        }
+        _ => None,
+    }
+}
+
 /// The HTTP answer for a provider's hessian2 answer: the value as JSON (null: an empty 200, as with fastjson).
 fn hessian2_answer(f: &protocol::Frame) -> Response {
     let (status, result) = match protocol::decode(f) {
@@ -233,18 +247,12 @@ impl HttpDubbo {
             }
         };
         // A POJO goes as a map typed with its declared class; the body may not name another one (a `"class"` key
-        // would otherwise choose the class the provider's Hessian instantiates).
-        for (t, a) in types.iter().zip(&args) {
-            if let (JavaType::Pojo(class), Some(named)) =
-                (t, a.get("class").filter(|_| a.is_object()))
-            {
-                if named.as_str() != Some(class) {
-                    return Err(Response::message(
-                        400,
-                        &format!("an argument declared {class} may not name another class"),
-                    ));
-                }
-            }
+        // would otherwise choose the class the provider's Hessian instantiates), in an array of POJOs neither.
+        if let Some(class) = types.iter().zip(&args).find_map(|(t, a)| other_class(t, a)) {
+            return Err(Response::message(
+                400,
+                &format!("an argument declared {class} may not name another class"),
+            ));
         }
         let req = invoke::direct_request(svc, &self.method, types, &args)
             .map_err(|e| Response::message(400, &e.0))?;
@@ -363,5 +371,30 @@ mod tests {
         f["serialized"] = json!(true);
         f["params_type_desc"] = json!("Q");
         assert!(check(&f).is_ok());
+    }
+
+    #[test]
+    fn a_body_cannot_name_another_class_than_the_declared_one() {
+        let types = java::parse_descriptors("Lorg/x/User;[[Lorg/x/User;I").unwrap();
+        let other = |args: Value| {
+            let Value::Array(a) = args else { panic!() };
+            types
+                .iter()
+                .zip(&a)
+                .find_map(|(t, a)| other_class(t, a))
+                .map(str::to_owned)
+        };
+        let user = json!({"name": "a"});
+        assert_eq!(other(json!([user, [[user]], 1])), None);
+        assert_eq!(
+            other(json!([{"class": "org.x.User"}, [[{"class": "org.x.User"}]], 1])),
+            None
+        );
+        let evil = json!({"class": "java.lang.ProcessBuilder"});
+        assert_eq!(other(json!([evil, [], 1])).as_deref(), Some("org.x.User"));
+        assert_eq!(
+            other(json!([user, [[user, evil]], 1])).as_deref(),
+            Some("org.x.User")
+        );
     }
 }
