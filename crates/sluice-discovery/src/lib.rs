@@ -4,8 +4,9 @@
 //! recompiles (unchanged upstreams keep their runtime). The data plane never depends on this crate.
 //!
 //! Registries: Zookeeper (`discovery.zookeeper` in config.yaml), Dubbo providers under
-//! `{root}/{interface}/providers`, see [`zookeeper`]; DNS (`discovery.dns`: SRV, A, AAAA with TTLs), see [`dns`].
+//! `{root}/{interface}/providers` and Dubbo 3 application-level instances, see [`zookeeper`]; DNS (`discovery.dns`: SRV, A, AAAA with TTLs), see [`dns`].
 
+pub mod application;
 pub mod dns;
 pub mod provider;
 pub mod zookeeper;

@@ -314,3 +314,26 @@ fn dubbo_proxy_generic_call_with_pixiu_s_body() {
         assert_eq!(r.status, 400, "{bad}: {r:?}");
     }
 }
+
+/// http-dubbo's hessian2 option (a Sluice extension) reaches dubbo-go, which has no fastjson: the map argument
+/// typed by `params_type_desc`, the returned map as JSON.
+#[test]
+fn http_dubbo_hessian2_calls_dubbo_go() {
+    let Some(p) = start_provider() else { return };
+    let conf = json!({"service_name": "org.apache.dubbo.backend.DemoService", "service_version": "1.0.0",
+                      "method": "hello", "params_type_desc": "Ljava/util/Map;",
+                      "serialization_protocol": "hessian2"});
+    let gw = Gw::start(
+        json!({"routes": [{"id": "h", "uri": "/hello", "plugins": {"http-dubbo": conf},
+                       "upstream": {"type": "roundrobin", "nodes": {p.addr.to_string(): 1}}}]}),
+    );
+    let r = request(gw.addr, "POST", "/hello", &[], r#"[{"name": "tc"}]"#);
+    assert_eq!(r.status, 200, "{r:?}");
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(
+        v,
+        json!({"status": "200", "body": "dubbo-go success\nname: tc\n", "header1": "value1"})
+    );
+    let r = request(gw.addr, "POST", "/hello", &[], r#"[{"name": "tc"}, 1]"#);
+    assert_eq!(r.status, 400, "{r:?}");
+}

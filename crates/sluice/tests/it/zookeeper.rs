@@ -6,8 +6,9 @@
 //! Covered: a provider found in Zookeeper answers, one that starts later gets traffic, version/group filtering,
 //! unknown interfaces and discovery types (503), garbage entries skipped, a provider killed with SIGKILL under
 //! load (no hung client, no error with `retries`, its entry vanishes, it comes back), and a Zookeeper outage (the
-//! last nodes keep serving, changes after it are picked up). Skipped with a message when Zookeeper, java or mvn
-//! is missing (a failure under CI=true).
+//! last nodes keep serving, changes after it are picked up); Dubbo 3 application-level registration (instances,
+//! mapping and metadata only) found, filtered and followed the same way. Skipped with a message when Zookeeper,
+//! java or mvn is missing (a failure under CI=true).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -161,6 +162,42 @@ fn classpath() -> Option<String> {
 impl Provider {
     /// Starts one on `port` (a free one when `None`) and waits until it is registered.
     fn start(zk: &Zk, port: Option<u16>, version: &str, group: Option<&str>) -> Provider {
+        Provider::start_with(zk, port, version, group, &[])
+    }
+
+    /// Registered as Dubbo 3 application-level discovery does only (`register-mode=instance`), as `app`, its
+    /// metadata in Zookeeper (`metadata-type=remote`).
+    fn start_instance(zk: &Zk, app: &str, version: &str, group: Option<&str>) -> Provider {
+        let app = format!("-Dapp={app}");
+        Provider::start_with(
+            zk,
+            None,
+            version,
+            group,
+            &["-Dregister.mode=instance", &app],
+        )
+    }
+
+    /// As [`Provider::start_instance`], its metadata served by its own MetadataService only (Dubbo's default
+    /// `metadata-type=local`).
+    fn start_instance_local(zk: &Zk, app: &str, version: &str) -> Provider {
+        let app = format!("-Dapp={app}");
+        Provider::start_with(
+            zk,
+            None,
+            version,
+            None,
+            &["-Dregister.mode=instance", "-Dmetadata.type=local", &app],
+        )
+    }
+
+    fn start_with(
+        zk: &Zk,
+        port: Option<u16>,
+        version: &str,
+        group: Option<&str>,
+        extra: &[&str],
+    ) -> Provider {
         let cp = classpath().expect("classpath (checked by the caller)");
         // [::1]: Dubbo refuses a 127.x bind (it would listen on every address); it registers dubbo://[::1]:port.
         let port = port.unwrap_or_else(|| {
@@ -185,6 +222,7 @@ impl Provider {
             .arg(format!("-Dversion={version}"))
             .arg(format!("-Dgroup={}", group.unwrap_or("")))
             .arg("-Dexit.with.stdin=true")
+            .args(extra)
             .args(["-cp", &cp, "org.sluice.peer.Provider"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -430,6 +468,78 @@ async fn providers_found_in_zookeeper_answer_and_follow_it() {
     assert_eq!(call(gw.addr, "/v2g").await, (200, Some(c.port)));
     drop(zc);
     drop(c);
+}
+
+/// Dubbo 3 application-level discovery: providers that register only their instance (`register-mode=instance`,
+/// metadata in Zookeeper, or kept by the instance) are found through `/dubbo/mapping/{interface}` and
+/// `/services/{application}`, filtered by the version and group of their metadata, and followed as they come and
+/// go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_level_providers_are_found_filtered_and_followed() {
+    if !ready() {
+        return;
+    }
+    let zk = Zk::start().await;
+    let routes = [
+        route("v1", "zookeeper", DEMO, "1.0.0", None, ""),
+        route("v2g", "zookeeper", DEMO, "2.0.0", Some("g2"), ""),
+        route("v3", "zookeeper", DEMO, "3.0.0", None, ""),
+    ]
+    .concat();
+    let mut a = Provider::start_instance(&zk, "app-a", "1.0.0", None);
+    // Nothing at interface level: only the application-level nodes can name it.
+    assert!(zk.providers(DEMO).await.is_empty());
+    let gw = sluice(&zk, &routes, 10.0).await;
+    wait_served_by(gw.addr, "/v1", a.port, Duration::from_secs(20)).await;
+    assert_eq!(call(gw.addr, "/v2g").await.0, 503);
+
+    // Another application serving the same interface, 2.0.0 in group g2 (the mapping now names both): only /v2g
+    // goes there.
+    let b = Provider::start_instance(&zk, "app-b", "2.0.0", Some("g2"));
+    wait_served_by(gw.addr, "/v2g", b.port, Duration::from_secs(20)).await;
+    let t = tally(gw.addr, "/v1", 8).await;
+    assert_eq!(t.get(&(200, Some(a.port))), Some(&8), "{t:?}");
+    let t = tally(gw.addr, "/v2g", 4).await;
+    assert_eq!(t.get(&(200, Some(b.port))), Some(&4), "{t:?}");
+
+    // A second instance of app-a gets traffic as it registers; the first leaves when killed (its ephemeral
+    // instance node goes with its 2 s session).
+    let c = Provider::start_instance(&zk, "app-a", "1.0.0", None);
+    wait_served_by(gw.addr, "/v1", c.port, Duration::from_secs(20)).await;
+    let t = tally(gw.addr, "/v1", 20).await;
+    assert!(
+        t[&(200, Some(a.port))] >= 5 && t[&(200, Some(c.port))] >= 5,
+        "{t:?}"
+    );
+    a.kill();
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let t = tally(gw.addr, "/v1", 4).await;
+        if t.get(&(200, Some(c.port))) == Some(&4) {
+            break;
+        }
+        assert!(Instant::now() < end, "/v1 still not only {}: {t:?}", c.port);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(zk.providers(DEMO).await.is_empty());
+
+    // Metadata kept by the instance (no /dubbo/metadata/app-l node): asked from its MetadataService.
+    assert_eq!(call(gw.addr, "/v3").await.0, 503);
+    let d = Provider::start_instance_local(&zk, "app-l", "3.0.0");
+    wait_served_by(gw.addr, "/v3", d.port, Duration::from_secs(20)).await;
+    let zc = zk.client().await;
+    let remote = zc.list_children("/dubbo/metadata/app-l").await;
+    assert!(
+        matches!(&remote, Err(zookeeper_client::Error::NoNode))
+            || remote.as_ref().is_ok_and(Vec::is_empty),
+        "{remote:?}"
+    );
+    let t = tally(gw.addr, "/v1", 4).await;
+    assert_eq!(t.get(&(200, Some(c.port))), Some(&4), "{t:?}");
+    drop(zc);
+    drop(b);
+    drop(c);
+    drop(d);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

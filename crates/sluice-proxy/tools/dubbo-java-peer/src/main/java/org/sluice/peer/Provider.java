@@ -12,6 +12,11 @@ import org.apache.dubbo.config.bootstrap.DubboBootstrap;
  * ephemeral nodes under /dubbo/{interface}/providers, `-Dregistry.session` ms of Zookeeper session). Dubbo refuses
  * to bind to 127.x (it binds every address instead), so the tests pass `-Dhost=::1`: loopback only. With
  * `-Dtriple.port`, the same services are also exported over Triple (Dubbo 3's HTTP/2 and HTTP/1 protocol) there.
+ * With `-Dregister.mode=instance` it registers as Dubbo 3 application-level service discovery does instead: the
+ * instance under /services/{application} (`-Dapp`, default sluice-java-peer), the interface -> application
+ * mapping under /dubbo/mapping/{interface} and the application's metadata under
+ * /dubbo/metadata/{application}/{revision} (metadata-type remote; `-Dmetadata.type=local` leaves it to the
+ * instance's MetadataService).
  */
 public class Provider {
     public static void main(String[] args) {
@@ -22,16 +27,26 @@ public class Provider {
         // fastjson too: APISIX's http-dubbo sends it.
         proto.setPreferSerialization("hessian2,fastjson");
         proto.setThreads(Integer.getInteger("threads", 200));
-        ApplicationConfig app = new ApplicationConfig("sluice-java-peer");
+        ApplicationConfig app = new ApplicationConfig(System.getProperty("app", "sluice-java-peer"));
         app.setQosEnable(false);
+        boolean instance = "instance".equals(System.getProperty("register.mode", "interface"));
         String registry = System.getProperty("registry", RegistryConfig.NO_AVAILABLE);
         RegistryConfig reg = new RegistryConfig(registry);
         if (!RegistryConfig.NO_AVAILABLE.equals(registry)) {
             reg.setSession(Integer.getInteger("registry.session", 60000));
-            // Interface-level registration only (/dubbo/{interface}/providers), what Sluice's discovery reads.
-            reg.setRegisterMode("interface");
             reg.setUseAsConfigCenter(false);
-            reg.setUseAsMetadataCenter(false);
+            if (instance) {
+                // Application-level only: the instance, the mapping and the metadata (in Zookeeper, not served
+                // by the instance's MetadataService).
+                reg.setRegisterMode("instance");
+                reg.setUseAsMetadataCenter(true);
+                // `-Dmetadata.type=local`: Dubbo's default, the metadata served by the instance's MetadataService only.
+                app.setMetadataType(System.getProperty("metadata.type", "remote"));
+            } else {
+                // Interface-level registration only (/dubbo/{interface}/providers).
+                reg.setRegisterMode("interface");
+                reg.setUseAsMetadataCenter(false);
+            }
         }
         java.util.List<ProtocolConfig> protocols = new java.util.ArrayList<>();
         protocols.add(proto);
