@@ -721,9 +721,19 @@ impl Inner {
         }
     }
 
-    /// A 401 for a refused bearer token, with the challenge APISIX sends.
-    fn deny_bearer(&self, err: &str) -> Flow {
-        tracing::error!(plugin = NAME, "OIDC introspection failed: {err}");
+    /// A 401 for a refused bearer token, with the challenge APISIX sends. Only the token's own faults are
+    /// described to the client; why the provider could not be asked is logged.
+    fn deny_bearer(&self, err: &BearerErr) -> Flow {
+        let err = match err {
+            BearerErr::Token(e) => {
+                tracing::error!(plugin = NAME, "OIDC introspection failed: {e}");
+                *e
+            }
+            BearerErr::Unavailable(e) => {
+                tracing::error!(plugin = NAME, "OIDC introspection failed: {e}");
+                "token validation unavailable"
+            }
+        };
         let mut r = error_page(401);
         let v = format!(
             "Bearer realm=\"{}\", error=\"invalid_token\", error_description=\"{}\"",
@@ -734,10 +744,10 @@ impl Inner {
         Flow::Respond(r)
     }
 
-    fn issuers<'d>(&'d self, disc: Option<&'d Discovery>) -> Option<Vec<String>> {
+    fn issuers<'d>(&'d self, disc: Option<&'d Discovery>) -> Option<&'d [String]> {
         match (&self.valid_issuers, disc) {
-            (Some(v), _) => Some(v.clone()),
-            (None, Some(d)) => Some(vec![d.issuer.clone()]),
+            (Some(v), _) => Some(v),
+            (None, Some(d)) => Some(std::slice::from_ref(&d.issuer)),
             (None, None) => None,
         }
     }
@@ -841,42 +851,50 @@ impl Inner {
 
     /// Verifies a bearer token with IO allowed: discovery, keys (fetched again for an unknown `kid`) or
     /// introspection.
-    async fn bearer_io(&self, tok: &str, addon: &[(String, String)]) -> Result<Value, String> {
+    async fn bearer_io(&self, tok: &str, addon: &[(String, String)]) -> Result<Value, BearerErr> {
         if self.local {
             let disc = match &self.valid_issuers {
                 Some(_) => None,
                 None => Some(self.provider.discovery().await.map_err(|e| {
-                    tracing::error!(plugin = NAME, "OIDC access discovery url failed: {e}");
-                    "issuer validation unavailable".to_owned()
+                    BearerErr::Unavailable(format!("OIDC access discovery url failed: {e}"))
                 })?),
             };
             let issuers = self.issuers(disc.as_deref()).unwrap_or_default();
             if self.public_key.is_some() {
-                return self.check_local(tok, &issuers, None).map_err(refused_text);
+                return self
+                    .check_local(tok, issuers, None)
+                    .map_err(BearerErr::token);
             }
-            let keys = self.provider.jwks(false).await?;
-            match self.check_local(tok, &issuers, Some(&keys.0)) {
+            let keys = self
+                .provider
+                .jwks(false)
+                .await
+                .map_err(BearerErr::Unavailable)?;
+            match self.check_local(tok, issuers, Some(&keys.0)) {
                 Err(Refused::UnknownKid) => {
-                    let keys = self.provider.jwks(true).await?;
-                    self.check_local(tok, &issuers, Some(&keys.0))
-                        .map_err(refused_text)
+                    let keys = self
+                        .provider
+                        .jwks(true)
+                        .await
+                        .map_err(BearerErr::Unavailable)?;
+                    self.check_local(tok, issuers, Some(&keys.0))
+                        .map_err(BearerErr::token)
                 }
-                r => r.map_err(refused_text),
+                r => r.map_err(BearerErr::token),
             }
         } else {
             let t = match &self.introspection {
                 Some(t) => t,
                 None => {
-                    let d = self.provider.discovery().await?;
-                    return self
-                        .introspect(
-                            d.introspection_endpoint
-                                .as_ref()
-                                .ok_or("no introspection endpoint")?,
-                            tok,
-                            addon,
-                        )
-                        .await;
+                    let d = self
+                        .provider
+                        .discovery()
+                        .await
+                        .map_err(BearerErr::Unavailable)?;
+                    let t = d.introspection_endpoint.as_ref().ok_or_else(|| {
+                        BearerErr::Unavailable("the provider has no introspection endpoint".into())
+                    })?;
+                    return self.introspect(t, tok, addon).await;
                 }
             };
             self.introspect(t, tok, addon).await
@@ -888,7 +906,7 @@ impl Inner {
         t: &client_target::Target,
         tok: &str,
         addon: &[(String, String)],
-    ) -> Result<Value, String> {
+    ) -> Result<Value, BearerErr> {
         let mut pairs = vec![
             ("token", tok.to_owned()),
             ("token_type_hint", "access_token".to_owned()),
@@ -911,15 +929,18 @@ impl Inner {
             .provider
             .call(t, "POST", &headers, Some(body.as_bytes()))
             .await
-            .map_err(|e| format!("introspection: {e}"))?;
-        let v = a
-            .json()
-            .ok_or_else(|| format!("introspection: the provider answered {}", a.status))?;
+            .map_err(|e| BearerErr::Unavailable(format!("introspection: {e}")))?;
+        let v = a.json().ok_or_else(|| {
+            BearerErr::Unavailable(format!("introspection: the provider answered {}", a.status))
+        })?;
         if a.status != 200 {
-            return Err(format!("introspection: the provider answered {}", a.status));
+            return Err(BearerErr::Unavailable(format!(
+                "introspection: the provider answered {}",
+                a.status
+            )));
         }
         if v.get("active") != Some(&Value::Bool(true)) {
-            return Err("invalid token".into());
+            return Err(BearerErr::Token("invalid token"));
         }
         Ok(v)
     }
@@ -1179,12 +1200,15 @@ impl Inner {
         }
         let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
         let now = now();
-        a.access_token = Some(s("access_token").ok_or("the refresh answer has no access_token")?);
+        a.access_token = header_safe(s("access_token"))?;
+        if a.access_token.is_none() {
+            return Err("the refresh answer has no access_token".into());
+        }
         a.access_expires = v.get("expires_in").and_then(Value::as_u64).map(|e| now + e);
-        if let Some(r) = s("refresh_token") {
+        if let Some(r) = header_safe(s("refresh_token"))? {
             a.refresh_token = Some(r);
         }
-        if let Some(id) = s("id_token") {
+        if let Some(id) = header_safe(s("id_token"))? {
             a.id_token = self.verify_id_token(&disc, &id, None).await?;
             a.enc_id_token = Some(id);
         }
@@ -1247,7 +1271,9 @@ impl Inner {
         let claims = self
             .verify_id_token(&disc, &id, pending.nonce.as_deref())
             .await?;
-        let access = s("access_token");
+        let access = header_safe(s("access_token"))?;
+        let refresh_token = header_safe(s("refresh_token"))?;
+        let id = header_safe(Some(id))?.unwrap_or_default();
         let mut user = None;
         if let (Some(u), Some(at)) = (&disc.userinfo_endpoint, &access) {
             let bearer = format!("Bearer {at}");
@@ -1282,7 +1308,7 @@ impl Inner {
                 access_token: access,
                 id_token: claims,
                 enc_id_token: Some(id),
-                refresh_token: s("refresh_token"),
+                refresh_token,
                 user,
                 scope: s("scope"),
             }),
@@ -1293,10 +1319,37 @@ impl Inner {
     }
 }
 
+/// Why a bearer token was not admitted.
+enum BearerErr {
+    /// The token's own fault (told to the client in the challenge).
+    Token(&'static str),
+    /// The provider could not be asked (logged, not told).
+    Unavailable(String),
+}
+
+impl BearerErr {
+    fn token(r: Refused) -> BearerErr {
+        match r {
+            Refused::UnknownKid => BearerErr::Token("no key matches the token's kid"),
+            Refused::Invalid(e) => BearerErr::Token(e),
+        }
+    }
+}
+
 fn refused_text(r: Refused) -> String {
     match r {
         Refused::UnknownKid => "no key matches the token's kid".into(),
         Refused::Invalid(e) => e.into(),
+    }
+}
+
+/// A token the provider returned, fit to go into a request header (no spaces or control bytes).
+fn header_safe(t: Option<String>) -> Result<Option<String>, String> {
+    match t {
+        Some(v) if !v.bytes().all(|b| (0x21..0x7f).contains(&b)) => {
+            Err("the provider returned a token with bytes that cannot go into a header".into())
+        }
+        t => Ok(t),
     }
 }
 
@@ -1336,9 +1389,9 @@ impl OpenidConnect {
             let jwks = me.provider.cached_jwks();
             let ready = issuers.is_some() && (me.public_key.is_some() || jwks.is_some());
             if let (true, Some(issuers)) = (ready, issuers) {
-                match me.check_local(tok, &issuers, jwks.as_ref().map(|j| &j.0)) {
+                match me.check_local(tok, issuers, jwks.as_ref().map(|j| &j.0)) {
                     Ok(claims) => return me.admit_bearer(ctx, tok, &claims),
-                    Err(Refused::Invalid(e)) => return me.deny_bearer(e),
+                    Err(Refused::Invalid(e)) => return me.deny_bearer(&BearerErr::Token(e)),
                     // Maybe a new key: ask the provider (below).
                     Err(Refused::UnknownKid) => {}
                 }

@@ -456,11 +456,16 @@ fn bearer_tokens_checked_by_introspection() {
             "bearer_only": true, "introspection_endpoint": format!("{}/token/introspection", op.issuer),
             "introspection_endpoint_auth_method": method})
     };
+    let mut down = conf("client_secret_basic", CLIENT_SECRET);
+    // A closed port (the discard port is not served here).
+    down["introspection_endpoint"] = json!("http://127.0.0.1:9/introspect");
+    down["timeout"] = json!(1);
     gw.reload(
         json!({"routes": [
             {"id": "i", "uri": "/i/*", "plugins": {"openid-connect": conf("client_secret_basic", CLIENT_SECRET)}, "upstream": up},
             {"id": "p", "uri": "/p/*", "plugins": {"openid-connect": conf("client_secret_post", CLIENT_SECRET)}, "upstream": up},
             {"id": "bad", "uri": "/bad/*", "plugins": {"openid-connect": conf("client_secret_basic", "wrong-secret")}, "upstream": up},
+            {"id": "down", "uri": "/down/*", "plugins": {"openid-connect": down}, "upstream": up},
         ]}),
         2,
     );
@@ -494,7 +499,20 @@ fn bearer_tokens_checked_by_introspection() {
     assert_eq!(bearer_get(&gw, "/i/x", &tok).status, 401);
     // The provider refuses the gateway's client credentials: no access either.
     let fresh = op.client_token("api:read", false);
-    assert_eq!(bearer_get(&gw, "/bad/x", &fresh).status, 401);
+    let r = bearer_get(&gw, "/bad/x", &fresh);
+    assert_eq!(r.status, 401);
+    // Why the provider could not be asked is logged, not told to the client.
+    assert!(r
+        .header("www-authenticate")
+        .unwrap()
+        .ends_with("error_description=\"token validation unavailable\""));
+    let r = bearer_get(&gw, "/down/x", &fresh);
+    assert_eq!(r.status, 401);
+    let ch = r.header("www-authenticate").unwrap();
+    assert!(
+        ch.contains("token validation unavailable") && !ch.contains("127.0.0.1"),
+        "{ch}"
+    );
     assert_eq!(origin.count(), n);
 }
 
