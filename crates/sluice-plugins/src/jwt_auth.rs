@@ -20,7 +20,7 @@ use crate::registry::Entry;
 use crate::util::{base64_decode, base64_encode, base64url_encode, parse};
 use crate::{CompileEnv, Ctx, Flow, Phase, PhaseMask, Plugin, Response};
 
-mod keys;
+pub(crate) mod keys;
 #[cfg(test)]
 mod tests;
 

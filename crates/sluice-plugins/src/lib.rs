@@ -48,6 +48,7 @@ mod limit_count;
 mod limit_req;
 mod log_entry;
 mod mocking;
+mod openid_connect;
 mod opentelemetry;
 pub mod prometheus;
 mod proxy_mirror;

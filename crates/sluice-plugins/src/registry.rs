@@ -38,6 +38,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::csrf::ENTRY,
     crate::uri_blocker::ENTRY,
     crate::request_validation::ENTRY,
+    crate::openid_connect::ENTRY,
     crate::hmac_auth::ENTRY,
     crate::basic_auth::ENTRY,
     crate::jwt_auth::ENTRY,

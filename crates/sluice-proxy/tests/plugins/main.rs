@@ -20,6 +20,7 @@ mod meta;
 mod metrics;
 mod mirror;
 mod mocking;
+mod oidc;
 mod public_api;
 mod redis;
 mod req_redis;
