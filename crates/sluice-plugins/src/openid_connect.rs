@@ -41,6 +41,7 @@ mod session;
 #[cfg(test)]
 mod tests;
 mod token;
+mod verified;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -160,6 +161,8 @@ struct Inner {
     addon_headers: Vec<(String, String)>,
     timeout: Duration,
     provider: Provider,
+    /// Bearer tokens verified locally, by their text.
+    verified: verified::Verified,
 }
 
 mod client_target {

@@ -256,8 +256,20 @@ impl OpenidConnect {
             let jwks = me.provider.cached_jwks();
             let ready = issuers.is_some() && (me.public_key.is_some() || jwks.is_some());
             if let (true, Some(issuers)) = (ready, issuers) {
+                let keys = verified::Keys(
+                    jwks.as_ref().map_or(0, |j| Arc::as_ptr(j) as usize),
+                    jwks.as_ref().map_or(0, |j| j.1),
+                    disc.as_ref().map_or(0, |d| Arc::as_ptr(d) as usize),
+                );
+                let now = now();
+                if let Some(claims) = me.verified.get(tok, keys, now) {
+                    return me.admit_bearer(ctx, tok, &claims);
+                }
                 match me.check_local(tok, issuers, jwks.as_ref().map(|j| &j.0)) {
-                    Ok(claims) => return me.admit_bearer(ctx, tok, &claims),
+                    Ok(claims) => {
+                        let claims = me.verified.put(tok, claims, keys, now);
+                        return me.admit_bearer(ctx, tok, &claims);
+                    }
                     Err(Refused::Invalid(e)) => return me.deny_bearer(&BearerErr::Token(e)),
                     // Maybe a new key: ask the provider (below).
                     Err(Refused::UnknownKid) => {}

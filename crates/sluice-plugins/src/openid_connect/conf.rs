@@ -478,5 +478,6 @@ pub(super) fn compile_conf(v: &Value, warn: bool) -> Result<Inner, String> {
             .collect(),
         timeout,
         provider,
+        verified: Default::default(),
     })
 }

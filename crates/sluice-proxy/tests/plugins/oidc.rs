@@ -399,6 +399,16 @@ fn bearer_tokens_checked_against_the_providers_jwks() {
     );
     refused("not-a-jwt", "garbage");
 
+    // A verified token is remembered (its signature is not checked again), but never past its `exp`.
+    let exp = now() + 2;
+    let short = op.sign(good(exp), Some("sluice-test-key"), "good", "RS256");
+    assert_eq!(bearer_get(&gw, "/api/x", &short).status, 200);
+    assert_eq!(bearer_get(&gw, "/api/x", &short).status, 200);
+    while now() < exp {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    refused(&short, "expired after it was verified and remembered");
+
     // An unknown kid makes the gateway fetch the JWKS again (a key rotation), then refuses the token.
     let jwks_before = op.stats()["jwks"].as_u64().unwrap();
     refused(
