@@ -12,7 +12,7 @@
 //! applies `timeout` itself so that `allow_degradation` can continue after it; the effect's own budget is a
 //! backstop slightly larger.
 
-mod client;
+pub(crate) mod client;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -24,6 +24,7 @@ mod util;
 
 mod api_breaker;
 mod basic_auth;
+pub mod batch_processor;
 mod body_transformer;
 mod brotli;
 mod consumer_restriction;
@@ -42,6 +43,7 @@ mod http_dubbo;
 mod http_logger;
 mod ip_restriction;
 pub mod jwt_auth;
+mod kafka_logger;
 mod key_auth;
 mod limit_conn;
 mod limit_count;
@@ -62,8 +64,11 @@ mod request_id;
 mod request_validation;
 mod response_rewrite;
 pub mod server_info;
+mod syslog;
+mod tcp_logger;
 mod traffic_split;
 mod ua_restriction;
+mod udp_logger;
 mod uri_blocker;
 mod zipkin;
 

@@ -65,6 +65,10 @@ pub static REGISTRY: &[Entry] = &[
     crate::prometheus::ENTRY,
     crate::echo::ENTRY,
     crate::http_logger::ENTRY,
+    crate::tcp_logger::ENTRY,
+    crate::kafka_logger::ENTRY,
+    crate::syslog::ENTRY,
+    crate::udp_logger::ENTRY,
     crate::file_logger::ENTRY,
 ];
 
