@@ -78,7 +78,7 @@ fn json_method() -> String {
 }
 
 /// `http://host[:port]/path` -> (host:port, host header, path).
-fn split_uri(uri: &str) -> Result<(String, String, String), String> {
+pub(crate) fn split_uri(uri: &str) -> Result<(String, String, String), String> {
     let rest = uri
         .strip_prefix("http://")
         .ok_or_else(|| format!("only http:// endpoints are supported: {uri}"))?;
@@ -111,7 +111,6 @@ impl Sink for Conf {
 }
 
 fn send(c: &Conf, batch: &[Value]) -> Result<(), String> {
-    let (addr, host, path) = split_uri(&c.uri)?;
     let (body, ctype) = if c.concat_method == "new_line" {
         let lines: Vec<String> = batch.iter().map(Value::to_string).collect();
         (lines.join("\n"), "text/plain")
@@ -120,7 +119,31 @@ fn send(c: &Conf, batch: &[Value]) -> Result<(), String> {
     } else {
         (Value::Array(batch.to_vec()).to_string(), "application/json")
     };
-    let timeout = Duration::from_secs(c.timeout);
+    let mut headers = vec![("Content-Type", ctype)];
+    if let Some(a) = &c.auth_header {
+        headers.push(("Authorization", a));
+    }
+    let status = post(
+        &c.uri,
+        &headers,
+        body.as_bytes(),
+        Duration::from_secs(c.timeout),
+    )?;
+    if !(200..300).contains(&status) {
+        return Err(format!("server returned status {status}"));
+    }
+    Ok(())
+}
+
+/// POSTs `body` to `uri` (http:// only) on a fresh connection with `headers` (each within `timeout`), and
+/// returns the answer's status. Shared by the loggers that speak HTTP.
+pub(crate) fn post(
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+) -> Result<u16, String> {
+    let (addr, host, path) = split_uri(uri)?;
     let sa = addr
         .to_socket_addrs()
         .map_err(|e| e.to_string())?
@@ -132,26 +155,25 @@ fn send(c: &Conf, batch: &[Value]) -> Result<(), String> {
     s.set_write_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
     let mut req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
-    if let Some(a) = &c.auth_header {
-        req.push_str(&format!("Authorization: {a}\r\n"));
+    for (n, v) in headers {
+        req.push_str(n);
+        req.push_str(": ");
+        req.push_str(v);
+        req.push_str("\r\n");
     }
     req.push_str("\r\n");
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    s.write_all(body.as_bytes()).map_err(|e| e.to_string())?;
+    s.write_all(body).map_err(|e| e.to_string())?;
     let mut head = [0u8; 32];
     let n = s.read(&mut head).map_err(|e| e.to_string())?;
-    let status = std::str::from_utf8(&head[..n])
+    Ok(std::str::from_utf8(&head[..n])
         .ok()
         .and_then(|l| l.split(' ').nth(1))
         .and_then(|c| c.parse::<u16>().ok())
-        .unwrap_or(0);
-    if !(200..300).contains(&status) {
-        return Err(format!("server returned status {status}"));
-    }
-    Ok(())
+        .unwrap_or(0))
 }
 
 struct HttpLogger {

@@ -49,6 +49,7 @@ mod limit_conn;
 mod limit_count;
 mod limit_req;
 mod log_entry;
+mod loki_logger;
 mod mocking;
 mod opentelemetry;
 pub mod prometheus;

@@ -63,6 +63,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::http_dubbo::ENTRY,
     crate::public_api::ENTRY,
     crate::prometheus::ENTRY,
+    crate::loki_logger::ENTRY,
     crate::echo::ENTRY,
     crate::http_logger::ENTRY,
     crate::tcp_logger::ENTRY,
