@@ -242,14 +242,32 @@ impl Producer {
         let client = self.client.as_ref().ok_or("no client")?;
         if self.partitions.is_empty() {
             let topic = &self.conf.kafka_topic;
-            let t = client
-                .list_topics()
-                .await
-                .map_err(|e| e.to_string())?
-                .into_iter()
-                .find(|t| &t.name == topic)
-                .ok_or_else(|| format!("topic {topic} not found"))?;
-            for p in t.partitions {
+            let find = || async {
+                client
+                    .list_topics()
+                    .await
+                    .map_err(|e| e.to_string())
+                    .map(|l| {
+                        l.into_iter()
+                            .find(|t| &t.name == topic)
+                            .map(|t| t.partitions)
+                    })
+            };
+            let parts = match find().await? {
+                Some(p) => p,
+                None => {
+                    // Asking for the topic by name lets a broker with `auto.create.topics.enable` (Kafka's
+                    // default) create it, as lua-resty-kafka's metadata request does.
+                    client
+                        .partition_client(topic.clone(), 0, UnknownTopicHandling::Retry)
+                        .await
+                        .map_err(|e| format!("topic {topic}: {e}"))?;
+                    find()
+                        .await?
+                        .ok_or_else(|| format!("topic {topic} not found"))?
+                }
+            };
+            for p in parts {
                 self.partitions.push(
                     client
                         .partition_client(topic.clone(), p, UnknownTopicHandling::Error)

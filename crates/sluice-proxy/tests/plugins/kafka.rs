@@ -96,7 +96,7 @@ impl Kafka {
              listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_logger=\"s3cret\";\n\
              log.dirs={}\nnum.partitions=1\noffsets.topic.replication.factor=1\n\
              transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n\
-             group.initial.rebalance.delay.ms=0\nauto.create.topics.enable=false\n",
+             group.initial.rebalance.delay.ms=0\nauto.create.topics.enable=true\n",
             dir.join("data").display()
         );
         let conf = dir.join("server.properties");
@@ -226,6 +226,31 @@ fn read_all(port: u16) -> Vec<Vec<(Option<String>, String)>> {
     })
 }
 
+/// The values in partition 0 of `topic` (empty while it does not exist).
+fn read_topic(port: u16, topic: &str) -> Vec<String> {
+    rt().block_on(async {
+        let c = client(port).await.unwrap();
+        let Ok(pc) = c
+            .partition_client(topic, 0, UnknownTopicHandling::Error)
+            .await
+        else {
+            return Vec::new();
+        };
+        pc.fetch_records(0, 1..10_000_000, 100)
+            .await
+            .map(|(recs, _)| {
+                recs.into_iter()
+                    .map(|r| String::from_utf8(r.record.value.unwrap_or_default()).unwrap())
+                    .collect()
+            })
+            .unwrap_or_default()
+    })
+}
+
+fn json_of(s: &str) -> Value {
+    serde_json::from_str(s).unwrap()
+}
+
 fn wait_for(mut f: impl FnMut() -> bool) -> bool {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(15) {
@@ -264,6 +289,8 @@ fn kafka_logger_against_a_real_broker() {
                 "brokers": [{"host": "127.0.0.1", "port": kafka.sasl_port,
                              "sasl_config": {"mechanism": "PLAIN", "user": "logger", "password": "s3cret"}}],
                 "kafka_topic": TOPIC, "key": "sasl", "batch_max_size": 1}})),
+            route("r6", "/auto", &o, json!({"kafka-logger": {
+                "brokers": brokers, "kafka_topic": "sluice-auto", "batch_max_size": 1}})),
             route("r4", "/badpass", &o, json!({"kafka-logger": {
                 "brokers": [{"host": "127.0.0.1", "port": kafka.sasl_port,
                              "sasl_config": {"user": "logger", "password": "guess"}}],
@@ -289,6 +316,7 @@ fn kafka_logger_against_a_real_broker() {
     );
     assert_eq!(gw.get("/sasl", &[]).status, 200);
     assert_eq!(gw.get("/badpass", &[]).status, 200);
+    assert_eq!(gw.get("/auto", &[]).status, 200);
 
     // route-1: a batch of two (a JSON array) and, after inactive_timeout, the third alone (still an array, as
     // batch_max_size is not 1), both on the key's partition.
@@ -346,6 +374,17 @@ fn kafka_logger_against_a_real_broker() {
         "{stats:?}"
     );
     assert!(keyed("badpass").is_empty());
+
+    // A topic that does not exist yet is asked for by name, and the broker (auto.create.topics.enable) creates it.
+    let mut auto = Vec::new();
+    assert!(
+        wait_for(|| {
+            auto = read_topic(kafka.port, "sluice-auto");
+            !auto.is_empty()
+        }),
+        "{stats:?}"
+    );
+    assert_eq!(json_of(&auto[0])["route_id"], "r6");
 
     // Broker down: requests are answered as before, each batch is tried 1 + max_retry_count times, then dropped.
     kafka.stop();
