@@ -405,8 +405,9 @@ fn kafka_logger_against_a_real_broker() {
         assert_eq!(gw.get("/down", &[]).status, 200);
     }
     let took = t0.elapsed();
+    // Waiting on the broker would take 20 x 3 x 1 s.
     assert!(
-        took < Duration::from_secs(3),
+        took < Duration::from_secs(10),
         "20 requests with a dead broker took {took:?}"
     );
     assert!(

@@ -277,7 +277,7 @@ fn dead_sinks_never_slow_the_proxy_and_drop_after_retries() {
             route("d", "/dead", &o, json!({"tcp-logger": {"host": "127.0.0.1", "port": dead,
                 "batch_max_size": 1, "max_retry_count": 2, "retry_delay": 0}})),
             route("h", "/hole", &o, json!({"syslog": {"host": "127.0.0.1", "port": hole_port,
-                "batch_max_size": 1, "timeout": 200, "include_req_body": true}})),
+                "batch_max_size": 1, "timeout": 2000, "include_req_body": true}})),
         ]}),
         shared.clone(),
         2,
@@ -285,15 +285,19 @@ fn dead_sinks_never_slow_the_proxy_and_drop_after_retries() {
     .unwrap();
     let t0 = Instant::now();
     let body = "x".repeat(512 * 1024);
-    for _ in 0..10 {
-        assert_eq!(gw.get("/dead", &[]).status, 200);
+    // 12 MiB of entries: more than the loopback socket buffers take (4 MiB send buffer at most here).
+    for i in 0..24 {
+        if i < 10 {
+            assert_eq!(gw.get("/dead", &[]).status, 200);
+        }
         assert_eq!(
             crate::request(gw.addr, "POST", "/hole", &[], &body).status,
             200
         );
     }
     let took = t0.elapsed();
-    assert!(took < Duration::from_secs(3), "20 requests took {took:?}");
+    // A proxy waiting on the blackhole would wait out its 2 s write timeout once the buffers are full.
+    assert!(took < Duration::from_secs(10), "34 requests took {took:?}");
     let tcp = shared.log_stats("tcp-logger");
     assert!(
         wait_for(|| tcp.failed.load(Ordering::Relaxed) == 10),
@@ -305,7 +309,7 @@ fn dead_sinks_never_slow_the_proxy_and_drop_after_retries() {
         "1 try + 2 retries each"
     );
     assert_eq!(tcp.pending(), 0);
-    // The blackhole's socket buffers fill, then writes time out (200 ms) and batches are dropped.
+    // The blackhole's socket buffers fill, then a write times out (2 s) and its batch is dropped.
     let sys = shared.log_stats("syslog");
     assert!(
         wait_for(|| sys.failed.load(Ordering::Relaxed) >= 1),
