@@ -1,20 +1,19 @@
 //! http-logger (priority 410, log): sends log entries to `uri` (http://) in batches: a batch goes out when it
 //! holds `batch_max_size` entries, when `inactive_timeout` seconds pass without a new entry, or when
-//! `buffer_duration` seconds pass since its first entry (APISIX's batch processor). `concat_method` `json`
-//! sends one object (a batch of one) or an array, `new_line` sends one entry per line. The log phase only
-//! queues the entry (bounded; a full queue drops it); one sender thread per distinct configuration posts
-//! with a plain HTTP/1.1 client and retries `max_retry_count` times. https endpoints are refused for now.
+//! `buffer_duration` seconds pass since its first entry (the shared [`crate::batch_processor`]). `concat_method`
+//! `json` sends one object (a batch of one) or an array, `new_line` sends one entry per line. The log phase only
+//! queues the entry (bounded; a full backlog drops it); the processor's thread posts with a plain HTTP/1.1 client
+//! and retries `max_retry_count` times. https endpoints are refused for now.
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::batch_processor::{wrap_schema, Queue, Sink};
 use crate::log_entry::{entry, with_req_body, Format};
 use crate::registry::Entry;
 use crate::util::parse;
@@ -37,30 +36,25 @@ pub(crate) const ENTRY: Entry = Entry {
     },
 };
 
-const QUEUE: usize = 65_536;
-
 fn schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "uri": {"type": "string", "pattern": "^[^\\/]+:\\/\\/([\\da-zA-Z.-]+|\\[[\\da-fA-F:]+\\])(:\\d+)?"},
-            "auth_header": {"type": "string"},
-            "timeout": {"type": "integer", "minimum": 1, "default": 3},
-            "log_format": {"type": "object"},
-            "include_req_body": {"type": "boolean", "default": false},
-            "include_resp_body": {"type": "boolean", "default": false},
-            "include_resp_body_expr": {"type": "array", "minItems": 1, "items": {"type": "array"}},
-            "concat_method": {"type": "string", "enum": ["json", "new_line"], "default": "json"},
-            "ssl_verify": {"type": "boolean", "default": false},
-            "batch_max_size": {"type": "integer", "minimum": 1, "default": 1000},
-            "inactive_timeout": {"type": "integer", "minimum": 1, "default": 5},
-            "buffer_duration": {"type": "integer", "minimum": 1, "default": 60},
-            "max_retry_count": {"type": "integer", "minimum": 0, "default": 0},
-            "retry_delay": {"type": "integer", "minimum": 0, "default": 1},
-            "name": {"type": "string"}
-        },
-        "required": ["uri"]
-    })
+    wrap_schema(
+        json!({
+            "type": "object",
+            "properties": {
+                "uri": {"type": "string", "pattern": "^[^\\/]+:\\/\\/([\\da-zA-Z.-]+|\\[[\\da-fA-F:]+\\])(:\\d+)?"},
+                "auth_header": {"type": "string"},
+                "timeout": {"type": "integer", "minimum": 1, "default": 3},
+                "log_format": {"type": "object"},
+                "include_req_body": {"type": "boolean", "default": false},
+                "include_resp_body": {"type": "boolean", "default": false},
+                "include_resp_body_expr": {"type": "array", "minItems": 1, "items": {"type": "array"}},
+                "concat_method": {"type": "string", "enum": ["json", "new_line"], "default": "json"},
+                "ssl_verify": {"type": "boolean", "default": false}
+            },
+            "required": ["uri"]
+        }),
+        "http logger",
+    )
 }
 
 #[derive(Deserialize, Clone)]
@@ -74,16 +68,6 @@ struct Conf {
     include_req_body: bool,
     #[serde(default = "json_method")]
     concat_method: String,
-    #[serde(default = "thousand")]
-    batch_max_size: usize,
-    #[serde(default = "five")]
-    inactive_timeout: u64,
-    #[serde(default = "sixty")]
-    buffer_duration: u64,
-    #[serde(default)]
-    max_retry_count: u32,
-    #[serde(default = "one")]
-    retry_delay: u64,
 }
 
 fn three() -> u64 {
@@ -92,21 +76,9 @@ fn three() -> u64 {
 fn json_method() -> String {
     "json".into()
 }
-fn thousand() -> usize {
-    1000
-}
-fn five() -> u64 {
-    5
-}
-fn sixty() -> u64 {
-    60
-}
-fn one() -> u64 {
-    1
-}
 
 /// `http://host[:port]/path` -> (host:port, host header, path).
-fn split_uri(uri: &str) -> Result<(String, String, String), String> {
+pub(crate) fn split_uri(uri: &str) -> Result<(String, String, String), String> {
     let rest = uri
         .strip_prefix("http://")
         .ok_or_else(|| format!("only http:// endpoints are supported: {uri}"))?;
@@ -132,76 +104,13 @@ fn check(v: &Value) -> Result<(), String> {
     Format::compile(c.log_format.as_ref()).map(drop)
 }
 
-/// Sender threads by configuration, shared by every snapshot.
-#[derive(Default)]
-pub(crate) struct Senders(Mutex<HashMap<String, SyncSender<Value>>>);
-
-impl Senders {
-    fn sender(&self, key: String, c: &Conf) -> Result<SyncSender<Value>, String> {
-        let mut m = self.0.lock().map_err(|_| "http-logger senders poisoned")?;
-        if let Some(s) = m.get(&key) {
-            return Ok(s.clone());
-        }
-        let (tx, rx) = sync_channel::<Value>(QUEUE);
-        let c = c.clone();
-        std::thread::Builder::new()
-            .name("sluice-http-logger".into())
-            .spawn(move || batch_loop(rx, c))
-            .map_err(|e| e.to_string())?;
-        m.insert(key, tx.clone());
-        Ok(tx)
-    }
-}
-
-fn batch_loop(rx: Receiver<Value>, c: Conf) {
-    let inactive = Duration::from_secs(c.inactive_timeout);
-    let max_age = Duration::from_secs(c.buffer_duration);
-    let mut batch: Vec<Value> = Vec::new();
-    let mut first = Instant::now();
-    loop {
-        let wait = if batch.is_empty() {
-            Duration::from_secs(3600)
-        } else {
-            inactive.min(max_age.saturating_sub(first.elapsed()))
-        };
-        match rx.recv_timeout(wait) {
-            Ok(e) => {
-                if batch.is_empty() {
-                    first = Instant::now();
-                }
-                batch.push(e);
-                if batch.len() < c.batch_max_size && first.elapsed() < max_age {
-                    continue;
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => {
-                if !batch.is_empty() {
-                    send_with_retry(&c, &std::mem::take(&mut batch));
-                }
-                return;
-            }
-        }
-        if !batch.is_empty() {
-            send_with_retry(&c, &std::mem::take(&mut batch));
-        }
-    }
-}
-
-fn send_with_retry(c: &Conf, batch: &[Value]) {
-    for attempt in 0..=c.max_retry_count {
-        match send(c, batch) {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, uri = %c.uri, attempt, "http-logger: failed to send batch");
-                std::thread::sleep(Duration::from_secs(c.retry_delay));
-            }
-        }
+impl Sink for Conf {
+    fn send(&mut self, entries: &[Value], _: usize) -> Result<(), String> {
+        send(self, entries)
     }
 }
 
 fn send(c: &Conf, batch: &[Value]) -> Result<(), String> {
-    let (addr, host, path) = split_uri(&c.uri)?;
     let (body, ctype) = if c.concat_method == "new_line" {
         let lines: Vec<String> = batch.iter().map(Value::to_string).collect();
         (lines.join("\n"), "text/plain")
@@ -210,7 +119,31 @@ fn send(c: &Conf, batch: &[Value]) -> Result<(), String> {
     } else {
         (Value::Array(batch.to_vec()).to_string(), "application/json")
     };
-    let timeout = Duration::from_secs(c.timeout);
+    let mut headers = vec![("Content-Type", ctype)];
+    if let Some(a) = &c.auth_header {
+        headers.push(("Authorization", a));
+    }
+    let status = post(
+        &c.uri,
+        &headers,
+        body.as_bytes(),
+        Duration::from_secs(c.timeout),
+    )?;
+    if !(200..300).contains(&status) {
+        return Err(format!("server returned status {status}"));
+    }
+    Ok(())
+}
+
+/// POSTs `body` to `uri` (http:// only) on a fresh connection with `headers` (each within `timeout`), and
+/// returns the answer's status. Shared by the loggers that speak HTTP.
+pub(crate) fn post(
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+) -> Result<u16, String> {
+    let (addr, host, path) = split_uri(uri)?;
     let sa = addr
         .to_socket_addrs()
         .map_err(|e| e.to_string())?
@@ -222,30 +155,29 @@ fn send(c: &Conf, batch: &[Value]) -> Result<(), String> {
     s.set_write_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
     let mut req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
-    if let Some(a) = &c.auth_header {
-        req.push_str(&format!("Authorization: {a}\r\n"));
+    for (n, v) in headers {
+        req.push_str(n);
+        req.push_str(": ");
+        req.push_str(v);
+        req.push_str("\r\n");
     }
     req.push_str("\r\n");
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    s.write_all(body.as_bytes()).map_err(|e| e.to_string())?;
+    s.write_all(body).map_err(|e| e.to_string())?;
     let mut head = [0u8; 32];
     let n = s.read(&mut head).map_err(|e| e.to_string())?;
-    let status = std::str::from_utf8(&head[..n])
+    Ok(std::str::from_utf8(&head[..n])
         .ok()
         .and_then(|l| l.split(' ').nth(1))
         .and_then(|c| c.parse::<u16>().ok())
-        .unwrap_or(0);
-    if !(200..300).contains(&status) {
-        return Err(format!("server returned status {status}"));
-    }
-    Ok(())
+        .unwrap_or(0))
 }
 
 struct HttpLogger {
-    tx: SyncSender<Value>,
+    queue: Arc<Queue>,
     format: Option<Format>,
     include_req_body: bool,
 }
@@ -254,7 +186,10 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
     let c: Conf = parse(&schema(), v)?;
     split_uri(&c.uri)?;
     Ok(Arc::new(HttpLogger {
-        tx: env.shared.batches.sender(v.to_string(), &c)?,
+        queue: env
+            .shared
+            .batches
+            .queue(NAME, v, "http logger", env, || Ok(Box::new(c.clone())))?,
         format: Format::resolve(c.log_format.as_ref(), env, NAME)?,
         include_req_body: c.include_req_body,
     }))
@@ -278,6 +213,6 @@ impl Plugin for HttpLogger {
         if self.include_req_body {
             with_req_body(&mut e, ctx);
         }
-        let _ = self.tx.try_send(e);
+        self.queue.push(e);
     }
 }

@@ -64,8 +64,13 @@ pub static REGISTRY: &[Entry] = &[
     crate::http_dubbo::ENTRY,
     crate::public_api::ENTRY,
     crate::prometheus::ENTRY,
+    crate::loki_logger::ENTRY,
     crate::echo::ENTRY,
     crate::http_logger::ENTRY,
+    crate::tcp_logger::ENTRY,
+    crate::kafka_logger::ENTRY,
+    crate::syslog::ENTRY,
+    crate::udp_logger::ENTRY,
     crate::file_logger::ENTRY,
 ];
 

@@ -24,8 +24,8 @@ pub struct Shared {
     pub(crate) req_remote: Arc<crate::redis_lease::Leasers>,
     /// file-logger's writer threads.
     pub(crate) writers: Arc<crate::file_logger::Writers>,
-    /// http-logger's batch senders.
-    pub(crate) batches: Arc<crate::http_logger::Senders>,
+    /// The loggers' batch processors (http-logger, kafka-logger, tcp-logger, ...).
+    pub(crate) batches: Arc<crate::batch_processor::Processors>,
     /// opentelemetry's and zipkin's span exporters.
     pub(crate) exporters: Arc<crate::trace::Exporters>,
     /// prometheus' metric families.
@@ -55,6 +55,11 @@ impl Shared {
     /// Spans the tracing plugins' exporters (exported, dropped on a full queue, lost to a failed POST).
     pub fn trace_spans(&self) -> (u64, u64, u64) {
         self.exporters.counts()
+    }
+
+    /// A logger's entry counts (pushed, discarded, sent, failed...) across its batch processors.
+    pub fn log_stats(&self, plugin: &'static str) -> Arc<crate::batch_processor::LogStats> {
+        self.batches.stats(plugin)
     }
 
     /// Live limit-count windows (for tests and diagnostics).

@@ -360,7 +360,7 @@ fn provider() -> Arc<CryptoProvider> {
 
 /// The client configuration for `ssl_verify` (built once per process per mode): the Mozilla roots, or with
 /// `ssl_verify: false` a verifier that accepts any certificate, as lua-resty-http's `ssl_verify = false` does.
-fn tls_config(verify: bool) -> Arc<rustls::ClientConfig> {
+pub(crate) fn tls_config(verify: bool) -> Arc<rustls::ClientConfig> {
     static VERIFY: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
     static ANY: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
     let build = || {

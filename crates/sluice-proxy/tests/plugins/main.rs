@@ -14,6 +14,7 @@ mod dubbo_java;
 mod forward_auth;
 mod groups;
 mod jwt;
+mod kafka;
 mod limits;
 mod loggers;
 mod meta;
@@ -27,6 +28,7 @@ mod req_redis;
 mod restrict;
 mod rewrite;
 mod scale;
+mod socket_loggers;
 mod split;
 #[path = "../common/trace_receiver.rs"]
 mod trace_receiver;
