@@ -81,6 +81,7 @@ fn one(ctx: &Ctx, s: &Scenario, kind: TargetKind, mock: &Mock) -> Result<RunResu
         latency_us: Latency::from_histogram(&r.hist),
         errors: r.errors,
         cpu_us_per_req: None,
+        origin_cpu_us_per_req: None,
         peak_rss_kib: None,
         instructions_per_req: Some(ir as f64 / done as f64),
         pct_of_baseline: None,

@@ -268,7 +268,12 @@ pub fn standalone_yaml(greeter: SocketAddr, keepalive: usize) -> String {
 
 /// A Go toolchain new enough for the pinned module: `go` on PATH, else /usr/local/go/bin/go.
 pub fn find_go() -> Option<PathBuf> {
-    let need = GO_MOD
+    find_go_for(GO_MOD)
+}
+
+/// A Go toolchain new enough for the module whose go.mod is `go_mod`.
+pub fn find_go_for(go_mod: &str) -> Option<PathBuf> {
+    let need = go_mod
         .lines()
         .find_map(|l| l.strip_prefix("go ").map(|v| version(v.trim())))?;
     ["go", "/usr/local/go/bin/go"].into_iter().find_map(|go| {
@@ -658,6 +663,7 @@ fn measure(
             }
             _ => None,
         },
+        origin_cpu_us_per_req: None,
         peak_rss_kib: sluice.and_then(peak_rss_kib_tree),
         instructions_per_req: None,
         pct_of_baseline: None,

@@ -8,6 +8,7 @@
 pub mod apply;
 pub mod callgrind;
 pub mod drivers;
+pub mod dubbo;
 pub mod gateway;
 pub mod grpc;
 pub mod loadgen;
@@ -212,6 +213,11 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         if s.grpc_transcode {
             // Its own origin (the grpc-go greeter): the mock stays as it is.
             reports.push(grpc::run(&ctx, s, &mut progress));
+            continue;
+        }
+        if s.dubbo {
+            // Its own origin (a dubbo-go provider).
+            reports.push(dubbo::run(&ctx, s, &mut progress));
             continue;
         }
         let m = match runner::Mock::ensure(mock.take(), &ctx, s) {

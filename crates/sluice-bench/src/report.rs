@@ -27,6 +27,10 @@ pub struct RunResult {
     pub errors: Errors,
     /// Target CPU (utime+stime of its process tree) per request, µs; absent for `direct`.
     pub cpu_us_per_req: Option<f64>,
+    /// CPU of the origin's process per request, µs, where the scenario measures it (the Dubbo provider of the
+    /// `dubbo` scenario).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin_cpu_us_per_req: Option<f64>,
     /// Target peak RSS (VmHWM summed over its process tree), KiB.
     pub peak_rss_kib: Option<u64>,
     /// User-space instructions per request (callgrind scenarios only).
@@ -110,6 +114,7 @@ pub fn median_run(runs: &[RunResult]) -> RunResult {
         },
         errors,
         cpu_us_per_req: mo(&|r| r.cpu_us_per_req),
+        origin_cpu_us_per_req: mo(&|r| r.origin_cpu_us_per_req),
         peak_rss_kib: mo(&|r| r.peak_rss_kib.map(|v| v as f64)).map(|v| v as u64),
         instructions_per_req: mo(&|r| r.instructions_per_req),
         pct_of_baseline: None,
@@ -172,6 +177,7 @@ impl Report {
                 !s.scenario.compare_drivers
                     && !s.scenario.callgrind
                     && !s.scenario.grpc_transcode
+                    && !s.scenario.dubbo
                     && s.scenario.rate.is_none()
             })
             .flat_map(|s| {

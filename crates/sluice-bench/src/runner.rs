@@ -383,6 +383,7 @@ pub fn measure(ctx: &Ctx, s: &Scenario, t: &Running, driver: Driver) -> Result<R
         latency_us: latency,
         errors,
         cpu_us_per_req,
+        origin_cpu_us_per_req: None,
         peak_rss_kib: pid.and_then(peak_rss_kib_tree),
         instructions_per_req: None,
         pct_of_baseline: None,
@@ -393,6 +394,9 @@ pub fn measure(ctx: &Ctx, s: &Scenario, t: &Running, driver: Driver) -> Result<R
 pub fn steps(ctx: &Ctx, s: &Scenario) -> usize {
     if s.grpc_transcode {
         return crate::grpc::steps(ctx);
+    }
+    if s.dubbo {
+        return crate::dubbo::steps(ctx);
     }
     let targets = s
         .targets

@@ -102,6 +102,9 @@ pub struct Scenario {
     /// gRPC run (see `grpc`): a grpc-go greeter as the origin, h2load as the generator, SayHello called
     /// directly, proxied as gRPC and transcoded from JSON; no mock.
     pub grpc_transcode: bool,
+    /// Dubbo run (see `dubbo`): dubbo-go-pixiu's benchmark, Sluice's dubbo-proxy side by side with Pixiu and a
+    /// direct dubbo-go client against a dubbo-go provider; no mock.
+    pub dubbo: bool,
     /// `--route-plugins`: the `plugins` object (JSON) of Sluice's routes instead of `plugins`'s, to measure one
     /// plugin's cost on the same scenario.
     pub route_plugins: Option<String>,
@@ -153,6 +156,7 @@ impl Scenario {
             callgrind: false,
             admin: None,
             grpc_transcode: false,
+            dubbo: false,
         }
     }
 
@@ -336,8 +340,24 @@ pub fn all(duration: Duration) -> Vec<Scenario> {
     s.plugins = Plugins::GrpcTranscode;
     s.grpc_transcode = true;
     v.push(s);
+    let mut s = Scenario::base(
+        "dubbo",
+        "dubbo",
+        "dubbo-go-pixiu's benchmark report (POST {\"types\":\"object\",\"values\":{\"name\":\"tc\"}} to a generic \
+         call, wrk -c20): Sluice's dubbo-proxy, dubbo-go-pixiu v1.1.0 (Zookeeper discovery) and a direct dubbo-go \
+         client against one dubbo-go provider, in one run. Needs Go, wrk, curl; Pixiu also root (unshare -n) and \
+         Debian's zookeeper.",
+        &[TargetKind::Direct, TargetKind::Sluice],
+        duration,
+    );
+    s.concurrency = crate::dubbo::CONCURRENCY;
+    s.dubbo = true;
+    v.push(s);
     v
 }
+
+/// The scenarios a `--preset pixiu` (dubbo-go-pixiu's benchmark report) runs.
+pub const PIXIU: &[&str] = &["dubbo"];
 
 /// Names of the short default matrix (`sluice bench` with no scenario flags).
 pub const SHORT: &[&str] = &[

@@ -395,6 +395,17 @@ fn string(d: &mut Decoder, what: &str) -> Result<String, ProtocolError> {
 
 /// Decodes a frame's body according to its header.
 pub fn decode(frame: &Frame) -> Result<Message, ProtocolError> {
+    decode_with(frame, true)
+}
+
+/// [`decode`] for a caller that reads no response attachments: an answer's attachments (the last thing in its
+/// body) are neither decoded nor checked, and the `attachments` of a [`Message::Response`] are empty. dubbo-go
+/// providers send a dozen or more with every answer; decoding them was most of an answer's decoding cost.
+pub fn decode_without_response_attachments(frame: &Frame) -> Result<Message, ProtocolError> {
+    decode_with(frame, false)
+}
+
+fn decode_with(frame: &Frame, response_attachments: bool) -> Result<Message, ProtocolError> {
     let h = &frame.header;
     if h.serialization() != SERIALIZATION_HESSIAN2 {
         return Err(ProtocolError::UnsupportedSerialization(h.serialization()));
@@ -447,7 +458,7 @@ pub fn decode(frame: &Frame) -> Result<Message, ProtocolError> {
         }
     };
     // Bytes after the last value are ignored, as Java's DecodeableRpcResult does (dubbo-go 3.3 writes one more).
-    let attachments = if with_attachments {
+    let attachments = if with_attachments && response_attachments {
         read_attachments(&mut d)?
     } else {
         Vec::new()

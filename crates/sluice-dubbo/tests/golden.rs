@@ -177,6 +177,58 @@ fn dubbo_go_answer_becomes_http() {
     assert_eq!(get("local-addr"), Some("127.0.0.1:20881"));
 }
 
+/// What dubbo-proxy's connections decode: the same answers with their attachments left alone, even when those are
+/// garbage (the value before them is intact).
+#[test]
+fn answers_decode_without_their_attachments() {
+    for name in [
+        "javaconsumer-to-dubbogo.s2c.hex",
+        "javaconsumer-to-javaprovider.s2c.hex",
+    ] {
+        let frame = one_frame(&unhex(name));
+        let Message::Response {
+            id: full_id,
+            status: full_status,
+            result: full,
+            attachments,
+        } = protocol::decode(&frame).unwrap()
+        else {
+            panic!("{name}")
+        };
+        assert!(!attachments.is_empty(), "{name}");
+        let Message::Response {
+            id,
+            status,
+            result,
+            attachments,
+        } = protocol::decode_without_response_attachments(&frame).unwrap()
+        else {
+            panic!("{name}")
+        };
+        assert_eq!((id, status), (full_id, full_status), "{name}");
+        assert_eq!(result, full, "{name}");
+        assert!(attachments.is_empty(), "{name}");
+        // The attachments cut off in the middle: `decode` refuses the frame, the value still comes out without them.
+        let mut cut = frame.clone();
+        let keep = cut.body.len() - 3;
+        cut.body.truncate(keep);
+        cut.header.body_len = keep as u32;
+        assert!(protocol::decode(&cut).is_err(), "{name}");
+        let Message::Response { result, .. } =
+            protocol::decode_without_response_attachments(&cut).unwrap()
+        else {
+            panic!("{name}")
+        };
+        assert_eq!(result, full, "{name}");
+    }
+    // Requests and events decode as with `decode` (their attachments are kept).
+    let req = one_frame(&unhex("javaconsumer-to-dubbogo.c2s.hex"));
+    assert_eq!(
+        protocol::decode_without_response_attachments(&req).unwrap(),
+        protocol::decode(&req).unwrap()
+    );
+}
+
 #[test]
 fn frames_split_anywhere_reassemble() {
     let mut stream = Vec::new();

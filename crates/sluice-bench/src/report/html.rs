@@ -13,6 +13,7 @@ fn color(target: &str) -> &'static str {
     match target {
         "direct" => "#868e96",
         "sluice" => "#e8590c",
+        "pixiu" => "#c2255c",
         "nginx" => "#2f9e44",
         "haproxy" => "#1c7ed6",
         _ => "#7048e8",
@@ -265,12 +266,12 @@ fn scenario(h: &mut String, s: &ScenarioReport) {
     }
     h.push_str("<table><tr><th class=\"l\">target</th><th>driver</th><th>workers</th><th>pinned</th><th>req/s</th><th>% direct</th><th>MB/s</th>");
     h.push_str("<th>p50 µs</th><th>p75</th><th>p90</th><th>p99</th><th>p99.9</th><th>p99.99</th><th>max</th>");
-    h.push_str("<th>non-2xx</th><th>connect</th><th>timeout</th><th>io</th><th>CPU µs/req</th><th>peak RSS MiB</th><th>instr/req</th><th>rounds req/s</th></tr>");
+    h.push_str("<th>non-2xx</th><th>connect</th><th>timeout</th><th>io</th><th>CPU µs/req</th><th>origin CPU µs/req</th><th>peak RSS MiB</th><th>instr/req</th><th>rounds req/s</th></tr>");
     for t in &s.results {
         let Some(m) = &t.median else {
             let _ = write!(
                 h,
-                "<tr class=\"skip\"><td class=\"l\">{}</td><td class=\"l\" colspan=\"21\">skipped: {}</td></tr>",
+                "<tr class=\"skip\"><td class=\"l\">{}</td><td class=\"l\" colspan=\"22\">skipped: {}</td></tr>",
                 esc(&t.target),
                 esc(t.skip_reason.as_deref().unwrap_or("?"))
             );
@@ -282,7 +283,7 @@ fn scenario(h: &mut String, s: &ScenarioReport) {
         let rounds: Vec<String> = t.rounds.iter().map(|r| fmt_num(r.rps)).collect();
         let _ = write!(
             h,
-            "<tr><td class=\"l\" style=\"color:{}\"><b>{}</b></td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{}</td><td>{:.1}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\">{}</td></tr>",
+            "<tr><td class=\"l\" style=\"color:{}\"><b>{}</b></td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{}</td><td>{:.1}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\">{}</td></tr>",
             color(&t.target),
             esc(&t.target),
             t.driver,
@@ -303,6 +304,7 @@ fn scenario(h: &mut String, s: &ScenarioReport) {
             m.errors.timeout,
             m.errors.io,
             o(m.cpu_us_per_req, 2),
+            o(m.origin_cpu_us_per_req, 1),
             o(m.peak_rss_kib.map(|k| k as f64 / 1024.0), 1),
             o(m.instructions_per_req, 0),
             rounds.join(" ")

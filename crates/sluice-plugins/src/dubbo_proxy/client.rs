@@ -264,7 +264,8 @@ async fn run(stream: TcpStream, mut rx: mpsc::UnboundedReceiver<Outgoing>, dead:
                         let answer = if raw {
                             Ok(Reply::Frame(frame))
                         } else {
-                            match protocol::decode(&frame) {
+                            // Nothing here reads an answer's attachments.
+                            match protocol::decode_without_response_attachments(&frame) {
                                 Ok(m @ Message::Response { .. }) => Ok(Reply::Message(m)),
                                 Ok(_) => Err("not a response".to_owned()),
                                 Err(e) => Err(format!("undecodable answer: {e}")),
