@@ -17,8 +17,9 @@ RUN_PKGS := $(BUILD_PKGS) curl
 # Go (h2spec, the grpc-go and dubbo-go test peers) is installed by deps-go; Java and Maven build the Java Dubbo
 # test provider (crates/sluice-proxy/tools/dubbo-java-peer, dependencies from Maven Central).
 TEST_PKGS := $(BUILD_PKGS) etcd-server redis-server nginx haproxy wrk nghttp2-client curl openssl procps util-linux python3-venv \
-  openjdk-17-jdk-headless maven zookeeper dnsmasq-base
-BENCH_PKGS := $(BUILD_PKGS) nginx haproxy wrk nghttp2-client valgrind
+  openjdk-17-jdk-headless maven zookeeper dnsmasq-base iproute2
+# The dubbo scenario (docs/benchmark.md) also runs Zookeeper for Pixiu, inside a network namespace (unshare, ip).
+BENCH_PKGS := $(BUILD_PKGS) nginx haproxy wrk nghttp2-client valgrind zookeeper openjdk-17-jdk-headless util-linux iproute2
 
 .PHONY: run test lint build bench deps-test deps-run deps-bench deps-go deps-ui ui test-ui ui-screenshots clean-data
 
@@ -83,7 +84,7 @@ test: deps-test deps-go ui lint
 	$(CARGO) test --workspace --no-fail-fast
 	$(MAKE) test-ui
 
-bench: deps-bench build
+bench: deps-bench deps-go build
 	$(BIN) bench --out bench-out
 
 # Forget the embedded store (the next `make run` seeds it again from conf/apisix.yaml).
