@@ -394,6 +394,9 @@ pub fn steps(ctx: &Ctx, s: &Scenario) -> usize {
     if s.grpc_transcode {
         return crate::grpc::steps(ctx);
     }
+    if s.cluster.is_some() {
+        return crate::cluster::steps(ctx);
+    }
     let targets = s
         .targets
         .iter()

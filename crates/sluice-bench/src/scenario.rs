@@ -107,6 +107,8 @@ pub struct Scenario {
     pub route_plugins: Option<String>,
     /// `--header`: extra request headers the generator sends (e.g. `Accept-Encoding: br` for a compressor).
     pub extra_headers: Vec<(String, String)>,
+    /// Cluster run (see `cluster`): etcd, a control plane and data planes under route churn.
+    pub cluster: Option<crate::cluster::ClusterLoad>,
 }
 
 /// What a live-apply scenario does through the Admin API (see `apply`).
@@ -126,7 +128,7 @@ fn ser_delay<S: serde::Serializer>(d: &Delay, s: S) -> Result<S::Ok, S::Error> {
 const PEERS: [TargetKind; 3] = [TargetKind::Sluice, TargetKind::Nginx, TargetKind::Haproxy];
 
 impl Scenario {
-    fn base(
+    pub(crate) fn base(
         name: &str,
         group: &'static str,
         description: &str,
@@ -153,6 +155,7 @@ impl Scenario {
             callgrind: false,
             admin: None,
             grpc_transcode: false,
+            cluster: None,
         }
     }
 
@@ -336,6 +339,7 @@ pub fn all(duration: Duration) -> Vec<Scenario> {
     s.plugins = Plugins::GrpcTranscode;
     s.grpc_transcode = true;
     v.push(s);
+    v.extend(crate::cluster::scenarios(duration));
     v
 }
 
