@@ -3,8 +3,9 @@
 //! key layout (`/apisix/routes/{id}`, transactions of 128 puts), then per round three phases of the round's duration
 //! with open-loop proxy load on every data plane: without writes, with route churn through the control plane's
 //! Admin API, and with churn plus an etcd compaction (to the current revision, physical) half way. Each write gives
-//! a route a fresh uri (`/c/{seq}`); one prober per node polls that uri from the write's answer until the node
-//! serves it (200), which is the write's propagation delay to that node. Owns its processes; all stop on drop.
+//! a route a fresh uri (`/c/{seq}`); one prober per node polls that uri (every 1 ms) from the write's answer until
+//! the node serves it (200); the time from the PUT being sent to that 200 is the write's propagation delay to that
+//! node (nodes often serve a write before the control plane's answer arrives). Owns its processes; all stop on drop.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -228,7 +229,7 @@ pub fn run(ctx: &Ctx, s: &Scenario, mock: &Mock, progress: &mut Progress) -> Sce
                 let all = Latency::from_histogram(&r.all_nodes);
                 notes.push(format!(
                     "round {} {pname}: {} writes answered ({:.1}/s), {} refused or failed, {} not served by every node \
-                     within {} s; write answer to served by all {} nodes: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({})",
+                     within {} s; PUT sent to served by all {} nodes: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({})",
                     round + 1,
                     r.writes_ok,
                     r.writes_ok as f64 / r.secs.max(1e-9),
@@ -606,12 +607,14 @@ fn phase(
                 let uri = format!("/c/{seq}");
                 let body = route_body(&uri, upstream);
                 let path = format!("/apisix/admin/routes/{id}");
+                // Timed from the PUT being sent: a node often serves the write before the control plane's answer
+                // arrives, so timing from the answer would read 0.
+                let sent = Instant::now();
                 match admin_request(c.cp_admin, "PUT", &path, &body, Duration::from_secs(10)) {
                     Ok(200 | 201) => {
                         writes_ok += 1;
-                        let at = Instant::now();
                         for tx in &txs {
-                            let _ = tx.send((seq, at));
+                            let _ = tx.send((seq, sent));
                         }
                     }
                     _ => writes_failed += 1,
