@@ -11,7 +11,9 @@ use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -41,6 +43,8 @@ pub struct ClusterLoad {
 
 /// A write not served by a node within this long is counted lost.
 const LOST_AFTER: Duration = Duration::from_secs(10);
+/// Writer threads of the churn phases.
+const WRITERS: usize = 4;
 /// Pause between two polls of a node for the writes it does not serve yet.
 const POLL: Duration = Duration::from_millis(1);
 
@@ -203,7 +207,7 @@ pub fn run(ctx: &Ctx, s: &Scenario, mock: &Mock, progress: &mut Progress) -> Sce
                 p.rounds.push(RunResult {
                     requests: r.writes_ok,
                     duration_s: r.secs,
-                    rps: r.writes_ok as f64 / r.secs.max(1e-9),
+                    rps: r.writes_ok as f64 / ctx.duration.as_secs_f64().max(1e-9),
                     latency_us: Latency::from_histogram(&r.all_nodes),
                     errors: crate::loadgen::Errors {
                         non_2xx: r.writes_failed,
@@ -228,11 +232,11 @@ pub fn run(ctx: &Ctx, s: &Scenario, mock: &Mock, progress: &mut Progress) -> Sce
                     .collect();
                 let all = Latency::from_histogram(&r.all_nodes);
                 notes.push(format!(
-                    "round {} {pname}: {} writes answered ({:.1}/s), {} refused or failed, {} not served by every node \
+                    "round {} {pname}: {} writes answered ({:.1}/s over the phase), {} refused or failed, {} not served by every node \
                      within {} s; PUT sent to served by all {} nodes: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({})",
                     round + 1,
                     r.writes_ok,
-                    r.writes_ok as f64 / r.secs.max(1e-9),
+                    r.writes_ok as f64 / ctx.duration.as_secs_f64().max(1e-9),
                     r.writes_failed,
                     r.lost,
                     LOST_AFTER.as_secs(),
@@ -591,35 +595,56 @@ fn phase(
                     compact_now(etcd)
                 })
             });
-            let period = Duration::from_secs_f64(1.0 / cl.writes_per_sec.max(0.1));
+            // WRITERS threads share the schedule (thread k takes slots k, k + WRITERS, ...), so one slow answer
+            // does not hold back the others' writes.
+            let period = Duration::from_secs_f64(WRITERS as f64 / cl.writes_per_sec.max(0.1));
             let routes = s.routes.max(3);
             let end = t0 + d;
-            let mut next = t0;
-            while Instant::now() < end {
-                let now = Instant::now();
-                if now < next {
-                    std::thread::sleep((next - now).min(end - now));
-                    continue;
-                }
-                next += period;
-                seq += 1;
-                let id = 2 + (seq as usize) % (routes - 1);
-                let uri = format!("/c/{seq}");
-                let body = route_body(&uri, upstream);
-                let path = format!("/apisix/admin/routes/{id}");
-                // Timed from the PUT being sent: a node often serves the write before the control plane's answer
-                // arrives, so timing from the answer would read 0.
-                let sent = Instant::now();
-                match admin_request(c.cp_admin, "PUT", &path, &body, Duration::from_secs(10)) {
-                    Ok(200 | 201) => {
-                        writes_ok += 1;
-                        for tx in &txs {
-                            let _ = tx.send((seq, sent));
+            let base = seq;
+            let next_seq = Arc::new(AtomicU64::new(seq));
+            let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+            let writers: Vec<_> = (0..WRITERS)
+                .map(|k| {
+                    let txs = txs.clone();
+                    let (next_seq, ok, failed) = (next_seq.clone(), ok.clone(), failed.clone());
+                    let cp = c.cp_admin;
+                    sc.spawn(move || {
+                        let mut next = t0 + period.mul_f64(k as f64 / WRITERS as f64);
+                        while Instant::now() < end {
+                            let now = Instant::now();
+                            if now < next {
+                                std::thread::sleep((next - now).min(end - now));
+                                continue;
+                            }
+                            next += period;
+                            let seq = next_seq.fetch_add(1, Ordering::Relaxed) + 1;
+                            let id = 2 + (seq as usize) % (routes - 1);
+                            let body = route_body(&format!("/c/{seq}"), upstream);
+                            let path = format!("/apisix/admin/routes/{id}");
+                            // Timed from the PUT being sent: a node often serves the write before the control
+                            // plane's answer arrives, so timing from the answer would read 0.
+                            let sent = Instant::now();
+                            match admin_request(cp, "PUT", &path, &body, Duration::from_secs(10)) {
+                                Ok(200 | 201) => {
+                                    ok.fetch_add(1, Ordering::Relaxed);
+                                    for tx in &txs {
+                                        let _ = tx.send((seq, sent));
+                                    }
+                                }
+                                _ => {
+                                    failed.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
                         }
-                    }
-                    _ => writes_failed += 1,
-                }
+                    })
+                })
+                .collect();
+            for w in writers {
+                let _ = w.join();
             }
+            seq = next_seq.load(Ordering::Relaxed).max(base);
+            writes_ok = ok.load(Ordering::Relaxed);
+            writes_failed = failed.load(Ordering::Relaxed);
             drop(txs);
             // Per write: (slowest node's delay, nodes that served it).
             let mut served: std::collections::HashMap<u64, (u64, usize)> = Default::default();
