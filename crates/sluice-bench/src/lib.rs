@@ -7,6 +7,7 @@
 
 pub mod apply;
 pub mod callgrind;
+pub mod cluster;
 pub mod drivers;
 pub mod dubbo;
 pub mod gateway;
@@ -234,6 +235,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         };
         let r = if s.callgrind {
             callgrind::run(&ctx, s, &m, &mut progress)
+        } else if s.cluster.is_some() {
+            cluster::run(&ctx, s, &m, &mut progress)
         } else if s.admin.is_some() {
             apply::run(&ctx, s, &m, &mut progress)
         } else {

@@ -398,6 +398,9 @@ pub fn steps(ctx: &Ctx, s: &Scenario) -> usize {
     if s.dubbo {
         return crate::dubbo::steps(ctx);
     }
+    if s.cluster.is_some() {
+        return crate::cluster::steps(ctx);
+    }
     let targets = s
         .targets
         .iter()

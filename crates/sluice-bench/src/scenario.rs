@@ -110,6 +110,8 @@ pub struct Scenario {
     pub route_plugins: Option<String>,
     /// `--header`: extra request headers the generator sends (e.g. `Accept-Encoding: br` for a compressor).
     pub extra_headers: Vec<(String, String)>,
+    /// Cluster run (see `cluster`): etcd, a control plane and data planes under route churn.
+    pub cluster: Option<crate::cluster::ClusterLoad>,
 }
 
 /// What a live-apply scenario does through the Admin API (see `apply`).
@@ -129,7 +131,7 @@ fn ser_delay<S: serde::Serializer>(d: &Delay, s: S) -> Result<S::Ok, S::Error> {
 const PEERS: [TargetKind; 3] = [TargetKind::Sluice, TargetKind::Nginx, TargetKind::Haproxy];
 
 impl Scenario {
-    fn base(
+    pub(crate) fn base(
         name: &str,
         group: &'static str,
         description: &str,
@@ -157,6 +159,7 @@ impl Scenario {
             admin: None,
             grpc_transcode: false,
             dubbo: false,
+            cluster: None,
         }
     }
 
@@ -353,6 +356,7 @@ pub fn all(duration: Duration) -> Vec<Scenario> {
     s.concurrency = crate::dubbo::CONCURRENCY;
     s.dubbo = true;
     v.push(s);
+    v.extend(crate::cluster::scenarios(duration));
     v
 }
 

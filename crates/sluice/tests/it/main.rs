@@ -8,6 +8,7 @@ mod admin_compat;
 mod api_standalone;
 mod balancer;
 mod bodies;
+mod cluster_bench;
 mod connection;
 mod control;
 mod dashboard;
