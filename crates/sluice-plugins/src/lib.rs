@@ -62,6 +62,7 @@ mod request_id;
 mod request_validation;
 mod response_rewrite;
 pub mod server_info;
+pub mod stream;
 mod traffic_split;
 mod ua_restriction;
 mod uri_blocker;

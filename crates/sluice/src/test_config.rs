@@ -26,6 +26,29 @@ pub fn run(config: &Path, apisix_yaml: Option<PathBuf>) -> Result<Vec<String>, S
             .collect::<Vec<_>>()
             .join(" ")
     ));
+    let stream = sluice_proxy::stream_listen(node)?;
+    if !stream.is_empty() {
+        out.push(format!(
+            "{}: stream proxy on tcp [{}] udp [{}]",
+            config.display(),
+            stream
+                .tcp
+                .iter()
+                .map(|(a, tls)| if *tls {
+                    format!("{a} (tls)")
+                } else {
+                    a.to_string()
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+            stream
+                .udp
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
     sluice_store::control_addr(&loaded.text)?;
     if let Some(zk) = loaded.checked.doc.pointer("/discovery/zookeeper") {
         let zk = sluice_discovery::ZkConfig::from_value(zk)?;
