@@ -51,15 +51,10 @@ pub(crate) fn parse(buf: &[u8]) -> Hello {
         if len == 0 || len > 16384 + 2048 {
             return Hello::NotTls;
         }
-        let Some(body) = buf.get(at + 5..at + 5 + len) else {
-            // Whatever is there already, and the record's own claim, must fit the bound.
-            if hs.len() + len > MAX_HELLO + 4 {
-                return Hello::TooLarge;
-            }
-            return Hello::Partial;
-        };
-        hs.extend_from_slice(body);
+        let complete = buf.len() >= at + 5 + len;
+        hs.extend_from_slice(&buf[at + 5..(at + 5 + len).min(buf.len())]);
         at += 5 + len;
+        // The handshake header is judged as soon as its 4 bytes are in, even mid-record.
         if hs.len() >= 4 {
             if hs[0] != 0x01 {
                 return Hello::NotTls;
@@ -75,8 +70,8 @@ pub(crate) fn parse(buf: &[u8]) -> Hello {
                 };
             }
         }
-        if hs.len() > MAX_HELLO + 4 {
-            return Hello::TooLarge;
+        if !complete {
+            return Hello::Partial;
         }
     }
 }
