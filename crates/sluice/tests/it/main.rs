@@ -24,6 +24,7 @@ mod routing;
 mod secrets;
 mod seed;
 mod shutdown;
+mod stream;
 mod support;
 mod tracing;
 mod zookeeper;
