@@ -14,7 +14,12 @@ pub fn run(config: &Path, apisix_yaml: Option<PathBuf>) -> Result<Vec<String>, S
     for w in &loaded.checked.warnings {
         out.push(format!("warning: {}: {w}", config.display()));
     }
-    let addrs = sluice_proxy::listen_addrs(node)?;
+    // `proxy_mode: stream` opens no HTTP listener.
+    let addrs = if node.apisix.proxy_modes().0 {
+        sluice_proxy::listen_addrs(node)?
+    } else {
+        Vec::new()
+    };
     let provider = sluice_store::provider_name(node);
     out.push(format!(
         "{}: ok (role {}, config_provider {provider}, listen {})",
