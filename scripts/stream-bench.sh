@@ -9,11 +9,19 @@
 # alternate the two proxies so other load on the machine spreads over both; every round is printed.
 # The client and the echo origin are Python (their CPU is not counted).
 #
-# Needs: a release build (cargo build --release -p sluice), haproxy, python3.
+# CALLGRIND=1: instead of CPU time, user-space instructions per connection / per MiB, both proxies under valgrind's
+# callgrind (counters zeroed after the warm-up, dumped after the run; N=2000, C=2, MB=16, one round by default).
+# Instruction counts do not move with other load on the machine; kernel work (the loopback floor) is not in them.
+#
+# Needs: a release build (cargo build --release -p sluice), haproxy, python3 (valgrind for CALLGRIND=1).
 # Usage: scripts/stream-bench.sh [OUTDIR]   N=20000 C=4 MB=256 ROUNDS=3 BASE=19400 (ports BASE..BASE+9)
 set -euo pipefail
 OUT=${1:-/tmp/sluice-stream-bench}
+CALLGRIND=${CALLGRIND:-0}
+if [ "$CALLGRIND" = 1 ]; then N=${N:-2000}; C=${C:-2}; MB=${MB:-16}; ROUNDS=${ROUNDS:-1}; fi
 N=${N:-20000}; C=${C:-4}; MB=${MB:-256}; ROUNDS=${ROUNDS:-3}; BASE=${BASE:-19400}
+VG=()
+if [ "$CALLGRIND" = 1 ]; then VG=(valgrind --tool=callgrind --callgrind-out-file="$OUT/cg.%p.out"); fi
 SLUICE=${SLUICE:-$(pwd)/target/release/sluice}
 rm -rf "$OUT"; mkdir -p "$OUT"
 pids=()
@@ -82,12 +90,12 @@ plugin_attr: {prometheus: {enable_export_server: false}}
 EOC
 printf 'stream_routes:\n  - {id: 1, upstream: {type: roundrobin, nodes: {"127.0.0.1:%s": 1}}}\n#END\n' $ECHO \
   > "$OUT/sluice/apisix.yaml"
-SLUICE_LOG=error "$SLUICE" start -c "$OUT/sluice/config.yaml" > "$OUT/sluice/log" 2>&1 & pids+=($!); SPID=$!
+SLUICE_LOG=error "${VG[@]}" "$SLUICE" start -c "$OUT/sluice/config.yaml" > "$OUT/sluice/log" 2>&1 & pids+=($!); SPID=$!
 
 cat > "$OUT/haproxy.cfg" <<EOC
 global
   nbthread 1
-  maxconn 20000
+  maxconn 4000
 defaults
   mode tcp
   timeout connect 60s
@@ -99,15 +107,34 @@ frontend f
 backend b
   server echo 127.0.0.1:$ECHO
 EOC
-haproxy -db -f "$OUT/haproxy.cfg" > "$OUT/haproxy.log" 2>&1 & pids+=($!); HPID=$!
+"${VG[@]}" haproxy -db -f "$OUT/haproxy.cfg" > "$OUT/haproxy.log" 2>&1 & pids+=($!); HPID=$!
 
 for p in $ECHO $SL $HA; do
-  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.05; done
+  for _ in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.05; done
 done
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TCK=$(getconf CLK_TCK)
+# Total Ir of the newest callgrind dump of PID.
+irs() { # pid
+  local f
+  for _ in $(seq 100); do
+    f=$(ls -t "$OUT"/cg."$1".out.* 2>/dev/null | head -1)
+    if [ -n "$f" ] && grep -q '^totals:' "$f"; then grep '^totals:' "$f" | awk '{print $2}'; return; fi
+    sleep 0.1
+  done
+  echo 0
+}
 measure() { # name pid port mode -> prints "us per unit"
   local name=$1 pid=$2 port=$3 mode=$4 t0 t1 w0 w1
+  if [ "$CALLGRIND" = 1 ]; then
+    callgrind_control -z "$pid" > /dev/null 2>&1
+    if [ "$mode" = short ]; then python3 "$OUT/load.py" short "$port" "$N"; else python3 "$OUT/load.py" bulk "$port" "$C" "$MB"; fi
+    rm -f "$OUT"/cg."$pid".out.*; callgrind_control -d "$pid" > /dev/null 2>&1
+    local units=$N; [ "$mode" = bulk ] && units=$((C * MB))
+    awk -v ir="$(irs "$pid")" -v u="$units" -v n="$name" -v m="$mode" \
+      'BEGIN { printf "%-8s %-6s %14d Ir  %12.0f instructions/%s\n", n, m, ir, ir/u, (m=="short"?"conn":"MiB") }'
+    return
+  fi
   t0=$(ticks "$pid"); w0=$(date +%s.%N)
   if [ "$mode" = short ]; then python3 "$OUT/load.py" short "$port" "$N"; else python3 "$OUT/load.py" bulk "$port" "$C" "$MB"; fi
   t1=$(ticks "$pid"); w1=$(date +%s.%N)

@@ -22,8 +22,8 @@ use crate::server::Worker;
 use crate::slots::Slot;
 use crate::snapshot::UpstreamRt;
 
-/// Copy buffer per direction.
-const BUF: usize = 64 * 1024;
+/// Copy buffer per direction: nginx stream's `proxy_buffer_size` and HAProxy's `tune.bufsize` default.
+const BUF: usize = 16 * 1024;
 
 pub(crate) async fn serve(
     mut stream: TcpStream,
