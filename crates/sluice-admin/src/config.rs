@@ -42,6 +42,8 @@ pub struct AdminConfig {
     pub cors: bool,
     /// `enable_admin_ui` (APISIX 3.13+'s default: on): the dashboard at `/ui/` on this listener.
     pub ui: bool,
+    /// `proxy_mode` includes `stream`: `stream_routes` are served (APISIX answers 400 otherwise).
+    pub stream: bool,
 }
 
 impl Default for AdminConfig {
@@ -58,6 +60,7 @@ impl Default for AdminConfig {
             standalone: false,
             cors: true,
             ui: true,
+            stream: false,
         }
     }
 }
@@ -67,6 +70,7 @@ impl AdminConfig {
     pub fn from_node_config(cfg: &NodeConfig) -> Result<AdminConfig, String> {
         let mut out = AdminConfig {
             standalone: is_standalone(cfg),
+            stream: cfg.apisix.proxy_modes().1,
             ..AdminConfig::default()
         };
         let empty = Value::Null;

@@ -325,9 +325,6 @@ fn check_item(state: &AdminState, kind: &str, item: &Value) -> Result<(), String
     } else {
         kind
     };
-    if kind == "stream_routes" {
-        return Ok(());
-    }
     let Some(k) = resources::find(kind) else {
         return Ok(());
     };
@@ -344,7 +341,12 @@ fn check_item(state: &AdminState, kind: &str, item: &Value) -> Result<(), String
     }
     sluice_model::schema::validate(&schema, &Value::Object(item.clone()))
         .map_err(|e| format!("invalid configuration: {e}"))?;
-    if let Some(p) = item.get("plugins").and_then(Value::as_object) {
+    // Stream routes' plugins are the stream forms, checked by the data plane's compile.
+    if let Some(p) = item
+        .get("plugins")
+        .and_then(Value::as_object)
+        .filter(|_| k.plugins != resources::PluginsField::Stream)
+    {
         resources::check_plugins(p, state.plugins.as_ref())?;
     }
     Ok(())
@@ -356,9 +358,6 @@ fn to_resources(doc: &Map<String, Value>) -> Result<Resources, String> {
     let mut m = Map::new();
     let mut credentials = Vec::new();
     for kind in KINDS {
-        if *kind == "stream_routes" {
-            continue;
-        }
         let Some(items) = doc.get(*kind).and_then(Value::as_array) else {
             continue;
         };

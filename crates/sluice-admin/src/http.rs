@@ -379,6 +379,10 @@ pub(crate) async fn dispatch(state: &AdminState, req: &Req) -> Reply {
     if let Some(reply) = dataplane::handle(state, req) {
         return reply;
     }
+    if segs.first() == Some(&"stream_routes") && !state.config.stream {
+        // As APISIX's admin router: `proxy_mode` without `stream`.
+        return Reply::error(400, "stream mode is disabled, can not add stream routes");
+    }
     match segs.as_slice() {
         ["plugins", "list"] if get => Reply::json(200, json!(state.plugins.names())),
         ["plugins", name] | ["schema", "plugins", name] if get => {

@@ -16,6 +16,8 @@ pub(crate) enum PluginsField {
     Plugins,
     /// Consumers: errors prefixed "invalid plugins configuration: ".
     ConsumerPlugins,
+    /// Stream routes: stream plugins, whose schemas the data plane's compile checks (`sluice-proxy` stream).
+    Stream,
 }
 
 pub(crate) struct Kind {
@@ -69,6 +71,21 @@ pub(crate) const KINDS: &[Kind] = &[
         used_by: &[],
     },
     Kind {
+        name: "stream_routes",
+        kind: "stream route",
+        schema: schema::stream_route,
+        id_field: "id",
+        post: true,
+        // APISIX's stream_routes `unsupported_methods = { "patch" }`.
+        patch: false,
+        plugins: PluginsField::Stream,
+        refs: &[
+            ("upstream_id", "upstreams", "upstream"),
+            ("service_id", "services", "service"),
+        ],
+        used_by: &[],
+    },
+    Kind {
         name: "services",
         kind: "service",
         schema: schema::service,
@@ -77,12 +94,20 @@ pub(crate) const KINDS: &[Kind] = &[
         patch: true,
         plugins: PluginsField::Plugins,
         refs: &[("upstream_id", "upstreams", "upstream")],
-        used_by: &[(
-            "routes",
-            "route",
-            "service_id",
-            "can not delete this service directly, ",
-        )],
+        used_by: &[
+            (
+                "routes",
+                "route",
+                "service_id",
+                "can not delete this service directly, ",
+            ),
+            (
+                "stream_routes",
+                "stream_route",
+                "service_id",
+                "can not delete this service directly, ",
+            ),
+        ],
     },
     Kind {
         name: "upstreams",
@@ -279,7 +304,14 @@ pub(crate) fn check(
             }
         }
     }
-    if let Some(p) = conf.get("plugins").and_then(Value::as_object) {
+    if kind.name == "stream_routes" {
+        check_stream_route(conf, snap).or_else(bad)?;
+    }
+    if let Some(p) = conf
+        .get("plugins")
+        .and_then(Value::as_object)
+        .filter(|_| kind.plugins != PluginsField::Stream)
+    {
         if let Err(e) = check_plugins(p, plugins) {
             return bad(match kind.plugins {
                 PluginsField::ConsumerPlugins => format!("invalid plugins configuration: {e}"),
@@ -294,6 +326,38 @@ pub(crate) fn check(
         compile_proto(conf, snap).or_else(bad)?;
     }
     Ok(())
+}
+
+/// APISIX's stream route `check_conf` beyond the schema: `protocol.superior_id` must name another stored stream
+/// route of the same protocol (the data plane then refuses xRPC protocols, which Sluice does not implement).
+fn check_stream_route(conf: &Value, snap: &Snapshot) -> Result<(), String> {
+    let Some(sup) = conf
+        .get("protocol")
+        .and_then(|p| p.get("superior_id"))
+        .and_then(id_string)
+    else {
+        return Ok(());
+    };
+    if conf.get("id").and_then(id_string).as_deref() == Some(&*sup) {
+        return Err("stream route can not set itself as superior_id".into());
+    }
+    let Some(e) = snap.get(&format!("stream_routes/{sup}")) else {
+        return Err(format!(
+            "failed to fetch stream routes[{sup}], response code: 404"
+        ));
+    };
+    let name = |v: &Value| {
+        v.get("protocol")
+            .and_then(|p| p.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    match (name(&e.value), name(conf)) {
+        (Some(theirs), Some(ours)) if theirs != ours => Err(format!(
+            "protocol mismatch: subordinate protocol [{ours}] does not match superior protocol [{theirs}]"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// APISIX's proto `check_conf`: the content must compile (`.proto` text, else base64 of a `FileDescriptorSet`).
@@ -428,6 +492,17 @@ pub(crate) fn check_plugins(
 pub(crate) fn delete_blocker(kind: &Kind, id: &str, snap: &Snapshot) -> Option<String> {
     if kind.name == "protos" {
         return proto_user(id, snap);
+    }
+    if kind.name == "stream_routes" {
+        // APISIX's stream_routes `delete_checker`: a subordinate route still names it as `superior_id`.
+        return snap.list("stream_routes").find_map(|(other, e)| {
+            let sup = e.value.get("protocol")?.get("superior_id").and_then(id_string)?;
+            (sup == id).then(|| {
+                format!(
+                    "can not delete this stream route directly, stream route [{other}] is still using it as superior_id"
+                )
+            })
+        });
     }
     for (coll, singular, field, prefix) in kind.used_by {
         for (other_id, e) in snap.list(coll) {

@@ -43,6 +43,9 @@ pub struct Resources {
     pub protos: Vec<Proto>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<Secret>,
+    /// L4 routes (APISIX `stream_routes`), served on `apisix.stream_proxy` listeners.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stream_routes: Vec<StreamRoute>,
 }
 
 impl Resources {

@@ -84,6 +84,34 @@ pub struct ApisixSection {
     pub data_encryption: DataEncryptionSection,
     /// Route on the path with servlet `;` parameters cut from each segment (APISIX, default false).
     pub normalize_uri_like_servlet: bool,
+    /// APISIX `proxy_mode`: `http` (the default), `stream` or `http&stream`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_mode: Option<String>,
+    /// APISIX `stream_proxy` (`tcp`, `udp` listen lists; `only`), read by `sluice_proxy::stream_listen`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_proxy: Option<Value>,
+}
+
+impl ApisixSection {
+    /// Whether the HTTP and the stream (L4) proxies run: APISIX's `proxy_mode` (`http` by default, `stream`,
+    /// `http&stream`); without `proxy_mode`, APISIX 2.x's `stream_proxy.only` (`true`: stream only, `false`: both).
+    pub fn proxy_modes(&self) -> (bool, bool) {
+        match self.proxy_mode.as_deref() {
+            Some("stream") => (false, true),
+            Some("http&stream") => (true, true),
+            Some(_) => (true, false),
+            None => match self
+                .stream_proxy
+                .as_ref()
+                .and_then(|s| s.get("only"))
+                .and_then(Value::as_bool)
+            {
+                Some(true) => (false, true),
+                Some(false) => (true, true),
+                None => (true, false),
+            },
+        }
+    }
 }
 
 impl Default for ApisixSection {
@@ -98,6 +126,8 @@ impl Default for ApisixSection {
             ssl: None,
             data_encryption: DataEncryptionSection::default(),
             normalize_uri_like_servlet: false,
+            proxy_mode: None,
+            stream_proxy: None,
         }
     }
 }

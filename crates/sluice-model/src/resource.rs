@@ -411,3 +411,43 @@ pub struct Ssl {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<u8>,
 }
+
+/// An L4 route (APISIX `stream_routes`, `schema_def.stream_route`): matched per TCP connection or UDP client by
+/// `remote_addr`, `server_addr`, `server_port` and, for TLS connections, the ClientHello's `sni`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StreamRoute {
+    pub id: Id,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub desc: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<Map<String, Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub create_time: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub update_time: Option<i64>,
+    /// Client IP or CIDR.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_addr: Option<String>,
+    /// The gateway's own address the connection arrived at (IP or CIDR).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_addr: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_port: Option<u16>,
+    /// TLS server name (a leading `*.` matches any name ending in the rest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Upstream>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_id: Option<Id>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_id: Option<Id>,
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    pub plugins: Plugins,
+    /// xRPC protocol (APISIX's `protocol`): accepted by the schema, refused by the data plane.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Value>,
+}

@@ -180,6 +180,33 @@ pub fn route() -> Value {
     })
 }
 
+/// APISIX's `stream_route`: L4 matching fields, an upstream (inline, by id or through a service), stream plugins
+/// and an xRPC `protocol` (accepted here; the data plane refuses it).
+pub fn stream_route() -> Value {
+    json!({
+        "type": "object",
+        "properties": with_meta(json!({
+            "remote_addr": remote_addr(),
+            "server_addr": remote_addr(),
+            "server_port": {"type": "integer", "minimum": 1, "maximum": 65535},
+            "sni": host(),
+            "upstream": upstream(),
+            "upstream_id": id_schema(),
+            "service_id": id_schema(),
+            "plugins": plugins(),
+            "protocol": {"type": "object", "properties": {
+                "name": {"type": "string"},
+                "superior_id": id_schema(),
+                "conf": {"type": "object"},
+                "logger": {"type": "array", "items": {"properties": {
+                    "name": {"type": "string"}, "filter": {"type": "array"}, "conf": {"type": "object"}
+                }, "dependencies": {"name": ["conf"]}, "additionalProperties": false}}
+            }, "required": ["name"]}
+        })),
+        "additionalProperties": false
+    })
+}
+
 pub fn service() -> Value {
     json!({
         "type": "object",
@@ -281,6 +308,7 @@ pub fn plugin_metadata() -> Value {
 pub fn resource_schema(name: &str) -> Option<Value> {
     Some(match name.trim_end_matches('s') {
         "route" => route(),
+        "stream_route" => stream_route(),
         "service" => service(),
         "upstream" => upstream(),
         "consumer" => consumer(),

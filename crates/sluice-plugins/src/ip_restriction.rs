@@ -122,3 +122,51 @@ impl Plugin for IpRestriction {
         Flow::Continue
     }
 }
+
+/// The stream form (APISIX `apisix/stream/plugins/ip-restriction.lua`: the same schema, `restrict` run in
+/// `preread`): a refused client's connection is closed.
+pub(crate) mod stream {
+    use ipnet::IpNet;
+    use serde_json::Value;
+
+    use crate::stream::{Preread, StreamConn, StreamHeld, StreamPlugin};
+
+    pub(crate) struct Stream {
+        nets: Vec<IpNet>,
+        allow: bool,
+    }
+
+    pub(crate) fn compile(v: &Value) -> Result<Stream, String> {
+        let c: super::Conf = crate::util::parse(&super::schema(), v)?;
+        let (list, allow) = match (&c.whitelist, &c.blacklist) {
+            (Some(w), _) => (w, true),
+            (None, Some(b)) => (b, false),
+            (None, None) => return Err("whitelist or blacklist is required".into()),
+        };
+        Ok(Stream {
+            nets: super::parse_nets(list)?,
+            allow,
+        })
+    }
+
+    impl StreamPlugin for Stream {
+        fn name(&self) -> &'static str {
+            super::NAME
+        }
+        fn priority(&self) -> i32 {
+            super::PRIORITY
+        }
+        fn preread(&self, c: &StreamConn<'_>, _held: &mut StreamHeld) -> Preread {
+            let ip = match c.remote.ip() {
+                std::net::IpAddr::V6(v6) => v6
+                    .to_ipv4_mapped()
+                    .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+                v4 => v4,
+            };
+            if self.nets.iter().any(|n| n.contains(&ip)) != self.allow {
+                return Preread::Close(super::NAME);
+            }
+            Preread::Continue(std::time::Duration::ZERO)
+        }
+    }
+}

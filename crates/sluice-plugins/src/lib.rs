@@ -66,6 +66,7 @@ mod request_id;
 mod request_validation;
 mod response_rewrite;
 pub mod server_info;
+pub mod stream;
 mod syslog;
 mod tcp_logger;
 mod traffic_split;

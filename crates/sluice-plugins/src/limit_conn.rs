@@ -355,3 +355,172 @@ impl Plugin for LimitConn {
         self.rule.decide(ctx, n, Slot::Local(slot))
     }
 }
+
+/// The stream form (APISIX `apisix/stream/plugins/limit-conn.lua`): its own schema (no Redis, no rejected
+/// code: a refused connection is closed), counted in `preread` for the connection's lifetime. The n-th
+/// connection with n > `conn` waits `default_conn_delay * floor((n - 1) / conn)` first (the stream subsystem
+/// feeds no latency back, so the delay stays the default). Keys are stream variables (`remote_addr`,
+/// `server_addr`, `server_port`, `remote_port`) or, with `var_combination`, `$var` templates; an empty key is the
+/// client address, as APISIX's.
+pub(crate) mod stream {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use serde::Deserialize;
+    use serde_json::{json, Value};
+
+    use crate::counters::{key_hash, ConnStore};
+    use crate::stream::{var, Preread, StreamConn, StreamHeld, StreamPlugin};
+
+    pub(crate) fn schema() -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "conn": {"type": "integer", "exclusiveMinimum": 0},
+                "burst": {"type": "integer", "minimum": 0},
+                "default_conn_delay": {"type": "number", "exclusiveMinimum": 0},
+                "only_use_default_delay": {"type": "boolean", "default": false},
+                "key": {"type": "string"},
+                "key_type": {"type": "string", "enum": ["var", "var_combination"], "default": "var"}
+            },
+            "required": ["conn", "burst", "default_conn_delay", "key"]
+        })
+    }
+
+    #[derive(Deserialize)]
+    struct Conf {
+        conn: i64,
+        burst: i64,
+        default_conn_delay: f64,
+        key: String,
+        #[serde(default = "crate::limit_count::var")]
+        key_type: String,
+    }
+
+    enum Key {
+        Var(String),
+        /// Literal text and variable names, alternating (`$remote_addr $server_port`).
+        Combination(Vec<(bool, String)>),
+    }
+
+    pub(crate) struct Stream {
+        conn: i64,
+        max: i64,
+        unit: f64,
+        key: Key,
+        scope: u64,
+        store: Arc<ConnStore>,
+    }
+
+    pub(crate) fn compile(v: &Value, shared: &crate::Shared) -> Result<Stream, String> {
+        let c: Conf = crate::util::parse(&schema(), v)?;
+        let key = if c.key_type == "var_combination" {
+            Key::Combination(split_vars(&c.key))
+        } else {
+            Key::Var(c.key.trim_start_matches('$').to_owned())
+        };
+        Ok(Stream {
+            conn: c.conn,
+            max: c.conn + c.burst,
+            unit: c.default_conn_delay,
+            key,
+            scope: key_hash(("limit-conn-stream", v.to_string())),
+            store: shared.conns.clone(),
+        })
+    }
+
+    /// `$a-$b x` -> [(var a), (lit "-"), (var b), (lit " x")].
+    fn split_vars(s: &str) -> Vec<(bool, String)> {
+        let mut out = Vec::new();
+        let mut rest = s;
+        while let Some(i) = rest.find('$') {
+            if i > 0 {
+                out.push((false, rest[..i].to_owned()));
+            }
+            let after = &rest[i + 1..];
+            let (name, tail) = if let Some(b) = after.strip_prefix('{') {
+                match b.find('}') {
+                    Some(e) => (&b[..e], &b[e + 1..]),
+                    None => (b, ""),
+                }
+            } else {
+                let e = after
+                    .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
+                    .unwrap_or(after.len());
+                (&after[..e], &after[e..])
+            };
+            out.push((true, name.to_owned()));
+            rest = tail;
+        }
+        if !rest.is_empty() {
+            out.push((false, rest.to_owned()));
+        }
+        out
+    }
+
+    impl StreamPlugin for Stream {
+        fn name(&self) -> &'static str {
+            super::NAME
+        }
+        fn priority(&self) -> i32 {
+            super::PRIORITY
+        }
+        fn preread(&self, c: &StreamConn<'_>, held: &mut StreamHeld) -> Preread {
+            let key = match &self.key {
+                Key::Var(name) => var(c, name),
+                Key::Combination(parts) => {
+                    let mut s = String::new();
+                    let mut any = false;
+                    for (is_var, p) in parts {
+                        if *is_var {
+                            if let Some(v) = var(c, p) {
+                                any = true;
+                                s.push_str(&v);
+                            }
+                        } else {
+                            s.push_str(p);
+                        }
+                    }
+                    any.then_some(s)
+                }
+            }
+            .or_else(|| var(c, "remote_addr"))
+            .unwrap_or_default();
+            let (slot, n) = self.store.enter(key_hash((self.scope, c.route_id, &*key)));
+            if n > self.max {
+                slot.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                return Preread::Close(super::NAME);
+            }
+            held.slots.push(slot);
+            let delay = if n > self.conn {
+                Duration::try_from_secs_f64(self.unit * ((n - 1) / self.conn) as f64)
+                    .unwrap_or(Duration::ZERO)
+            } else {
+                Duration::ZERO
+            };
+            // APISIX sleeps only delays of at least 1 ms.
+            Preread::Continue(if delay >= Duration::from_millis(1) {
+                delay
+            } else {
+                Duration::ZERO
+            })
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn splits_var_combinations() {
+            let v = super::split_vars("$remote_addr-${server_port}x");
+            assert_eq!(
+                v,
+                vec![
+                    (true, "remote_addr".to_owned()),
+                    (false, "-".to_owned()),
+                    (true, "server_port".to_owned()),
+                    (false, "x".to_owned())
+                ]
+            );
+        }
+    }
+}

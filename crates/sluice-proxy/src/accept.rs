@@ -23,6 +23,10 @@ pub enum ListenerKind {
     /// HTTP/2 cleartext only, by prior knowledge: no HTTP/1.1 fallback, so anything but the h2 preface is a
     /// connection error (RFC 9113 §3.4). For h2c-only (e.g. gRPC) ports; `Plain` sniffs and serves both.
     H2c,
+    /// An L4 stream listener (APISIX `stream_proxy.tcp`): `stream_routes`, TLS passed through.
+    Stream,
+    /// An L4 stream listener terminating TLS with the `ssls` certificates (`stream_proxy.tcp` `{tls: true}`).
+    StreamTls,
 }
 
 pub(crate) async fn serve(
@@ -51,6 +55,12 @@ pub(crate) async fn serve(
         }
         ListenerKind::Plain => http1(stream, slot, w).run().await,
         ListenerKind::Tls => crate::tls_server::serve(stream, peer, local, slot, w).await,
+        ListenerKind::Stream => {
+            crate::stream::tcp::serve(stream, peer, local, false, slot, w).await
+        }
+        ListenerKind::StreamTls => {
+            crate::stream::tcp::serve(stream, peer, local, true, slot, w).await
+        }
         ListenerKind::H2c => match crate::h2::sniff(&stream, t).await {
             Opening::H2 => h2(stream, slot, w).await,
             _ => crate::h2::refuse(stream).await,

@@ -146,6 +146,9 @@ pub struct NodeHealth {
 pub struct Listeners {
     per_worker: Vec<Vec<(std::net::TcpListener, ListenerKind)>>,
     pub local_addrs: Vec<SocketAddr>,
+    /// UDP stream listeners (APISIX `stream_proxy.udp`), one SO_REUSEPORT socket per worker and address.
+    udp_per_worker: Vec<Vec<std::net::UdpSocket>>,
+    pub udp_local_addrs: Vec<SocketAddr>,
 }
 
 impl Listeners {
@@ -175,10 +178,29 @@ impl Listeners {
                 w.push((l, kind));
             }
         }
+        let udp_per_worker = (0..workers).map(|_| Vec::new()).collect();
         Ok(Listeners {
             per_worker,
             local_addrs,
+            udp_per_worker,
+            udp_local_addrs: Vec::new(),
         })
+    }
+
+    /// Adds UDP stream listeners: one SO_REUSEPORT socket per worker and address (port 0 resolved by the first).
+    pub fn bind_udp(&mut self, addrs: &[SocketAddr]) -> io::Result<()> {
+        for &addr in addrs {
+            let mut actual = addr;
+            for (i, w) in self.udp_per_worker.iter_mut().enumerate() {
+                let s = reuseport_udp(actual)?;
+                if i == 0 {
+                    actual = s.local_addr()?;
+                    self.udp_local_addrs.push(actual);
+                }
+                w.push(s);
+            }
+        }
+        Ok(())
     }
 
     pub fn workers(&self) -> usize {
@@ -197,6 +219,19 @@ fn reuseport_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     s.set_nonblocking(true)?;
     s.bind(&addr.into())?;
     s.listen(4096)?;
+    Ok(s.into())
+}
+
+fn reuseport_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
     Ok(s.into())
 }
 
@@ -347,11 +382,15 @@ impl Gateway {
     /// Starts one worker thread per listener set.
     pub fn start(&self, listeners: Listeners) -> io::Result<Running> {
         let mut threads = Vec::new();
-        for (i, set) in listeners.per_worker.into_iter().enumerate() {
+        let sets = listeners
+            .per_worker
+            .into_iter()
+            .zip(listeners.udp_per_worker);
+        for (i, (set, udp)) in sets.enumerate() {
             let shared = self.shared.clone();
             let t = std::thread::Builder::new()
                 .name(format!("sluice-worker-{i}"))
-                .spawn(move || worker_main(shared, set))?;
+                .spawn(move || worker_main(shared, set, udp))?;
             threads.push(t);
         }
         Ok(Running { threads })
@@ -364,7 +403,11 @@ impl Gateway {
     }
 }
 
-fn worker_main(shared: Arc<Shared>, listeners: Vec<(std::net::TcpListener, ListenerKind)>) {
+fn worker_main(
+    shared: Arc<Shared>,
+    listeners: Vec<(std::net::TcpListener, ListenerKind)>,
+    udp: Vec<std::net::UdpSocket>,
+) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -430,6 +473,15 @@ fn worker_main(shared: Arc<Shared>, listeners: Vec<(std::net::TcpListener, Liste
                 kind,
                 worker.clone(),
             )));
+        }
+        for u in udp {
+            match tokio::net::UdpSocket::from_std(u) {
+                Ok(u) => accept_tasks.push(tokio::task::spawn_local(crate::stream::udp::serve(
+                    u,
+                    shared.clone(),
+                ))),
+                Err(e) => tracing::error!(error = %e, "cannot register UDP listener"),
+            }
         }
         for t in accept_tasks {
             let _ = t.await;

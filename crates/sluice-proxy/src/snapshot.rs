@@ -43,6 +43,8 @@ pub struct Snapshot {
     pub(crate) splits: split::Splits,
     /// The consumers as this compile's auth plugins see them (`None`: no auth plugin compiled them).
     pub(crate) consumers: Option<Arc<sluice_plugins::consumers::Consumers>>,
+    /// `stream_routes`, compiled (`crate::stream`).
+    pub(crate) stream: crate::stream::StreamRouter,
 }
 
 pub(crate) struct CompiledRoute {
@@ -204,6 +206,7 @@ impl Snapshot {
             reuse: reuse::Reuse::default(),
             splits: split::Splits::default(),
             consumers: None,
+            stream: Default::default(),
         }
     }
 
@@ -493,6 +496,7 @@ impl Snapshot {
             routes.push(compiled);
         }
         let splits = split::compile(&routes, res, &shared_ups, &mut runtime)?;
+        let stream = crate::stream::StreamRouter::compile(res, &shared_ups, &mut runtime, shared)?;
         upstreams.extend(kept_inline);
         Router::build(fresh).map_err(|e| {
             let id = fresh_ids.get(e.index).map_or("?", |id| &**id);
@@ -515,6 +519,7 @@ impl Snapshot {
                 reuse: cache.next,
                 splits,
                 consumers,
+                stream,
             },
         })
     }
@@ -612,13 +617,14 @@ fn compile_upstream(u: &Upstream, ssls: &tls::SslsById<'_>) -> Result<UpstreamRt
     // grpc/grpcs and Sluice's h2c/h2: HTTP/2 to the upstream (cleartext prior knowledge / TLS with ALPN h2), see
     // `h2::upstream`.
     let (https, h2) = match u.scheme.as_str() {
-        "http" => (false, false),
-        "https" => (true, false),
+        // tcp/udp/tls: stream routes' upstreams (APISIX's L4 schemes); `tls` dials the node with TLS.
+        "http" | "tcp" | "udp" => (false, false),
+        "https" | "tls" => (true, false),
         "grpc" | "h2c" => (false, true),
         "grpcs" | "h2" => (true, true),
         other => {
             return Err(format!(
-                "unsupported scheme {other:?} (http, https, grpc, grpcs, h2c and h2 are served)"
+                "unsupported scheme {other:?} (http, https, grpc, grpcs, h2c, h2, tcp, udp and tls are served)"
             ))
         }
     };

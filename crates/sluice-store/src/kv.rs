@@ -31,6 +31,7 @@ pub const KINDS: &[&str] = &[
     "plugin_metadata",
     "protos",
     "secrets",
+    "stream_routes",
 ];
 
 /// One stored value with its etcd-style revisions.
@@ -375,6 +376,15 @@ impl Snapshot {
                 de,
                 &mut r.protos,
                 |x: &mut sluice_model::Proto, id| x.id = id,
+            );
+        }
+        if want("stream_routes") {
+            fill(
+                self,
+                "stream_routes",
+                de,
+                &mut r.stream_routes,
+                |x: &mut sluice_model::StreamRoute, id| x.id = id,
             );
         }
         // Nested keys: `secrets/{manager}/{id}` and `consumers/{username}/credentials/{id}`.

@@ -149,6 +149,14 @@ mod tests {
         assert_eq!(r.routes.len(), 1);
         assert_eq!(r.routes[0].uri.as_deref(), Some("/hello"));
         assert!(parse("#END").unwrap().routes.is_empty());
+        // APISIX's `stream_routes:` section.
+        let r = parse(
+            "stream_routes:\n  - id: 1\n    server_port: 9100\n    sni: a.test\n    upstream:\n      nodes:\n        \"127.0.0.1:1995\": 1\n#END\n",
+        )
+        .unwrap();
+        assert_eq!(r.stream_routes.len(), 1);
+        assert_eq!(r.stream_routes[0].server_port, Some(9100));
+        assert_eq!(r.stream_routes[0].sni.as_deref(), Some("a.test"));
     }
 
     #[test]

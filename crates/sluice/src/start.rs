@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice_model::{CheckedConfig, NodeConfig, Resources};
-use sluice_proxy::{Gateway, Listeners, ProxyConfig, Snapshot};
+use sluice_proxy::{Gateway, ListenerKind, Listeners, ProxyConfig, Snapshot};
 use sluice_store::{kv, standalone, ConfigRx};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::task::JoinHandle;
@@ -64,11 +64,26 @@ pub fn run(
     // A control plane serves the Admin API only; the data planes watching its etcd proxy.
     let control_plane = node.deployment.role == "control_plane";
     let workers = if control_plane { 1 } else { workers };
-    let addrs = if control_plane {
+    // `proxy_mode` (APISIX): `http` (default), `stream` or `http&stream`; stream listeners from `stream_proxy`.
+    let (http_on, _) = node.apisix.proxy_modes();
+    let stream = if control_plane {
+        sluice_proxy::StreamListen::default()
+    } else {
+        sluice_proxy::stream_listen(&node)?
+    };
+    let mut addrs = if control_plane || !http_on {
         Vec::new()
     } else {
         sluice_proxy::listen_addrs(&node)?
     };
+    addrs.extend(stream.tcp.iter().map(|&(a, tls)| {
+        let kind = if tls {
+            ListenerKind::StreamTls
+        } else {
+            ListenerKind::Stream
+        };
+        (a, kind)
+    }));
     instance::ports_free(&addrs.iter().map(|(a, _)| *a).collect::<Vec<_>>())?;
 
     let control = tokio::runtime::Builder::new_current_thread()
@@ -163,8 +178,11 @@ pub fn run(
             discovery.as_deref(),
         )?;
         // node_listen (cleartext) and apisix.ssl.listen (TLS, 9443 unless disabled).
-        let listeners = Listeners::bind_kinds(&addrs, workers)
+        let mut listeners = Listeners::bind_kinds(&addrs, workers)
             .map_err(|e| format!("binding {addrs:?}: {e}"))?;
+        listeners
+            .bind_udp(&stream.udp)
+            .map_err(|e| format!("binding udp {:?}: {e}", stream.udp))?;
         // The access log's writer thread; workers hand it batches (nginx_config.http.access_log).
         let access_log =
             sluice_proxy::AccessLogConfig::from_node(&node, &crate::logging::prefix(&config))?

@@ -14,7 +14,12 @@ pub fn run(config: &Path, apisix_yaml: Option<PathBuf>) -> Result<Vec<String>, S
     for w in &loaded.checked.warnings {
         out.push(format!("warning: {}: {w}", config.display()));
     }
-    let addrs = sluice_proxy::listen_addrs(node)?;
+    // `proxy_mode: stream` opens no HTTP listener.
+    let addrs = if node.apisix.proxy_modes().0 {
+        sluice_proxy::listen_addrs(node)?
+    } else {
+        Vec::new()
+    };
     let provider = sluice_store::provider_name(node);
     out.push(format!(
         "{}: ok (role {}, config_provider {provider}, listen {})",
@@ -26,6 +31,29 @@ pub fn run(config: &Path, apisix_yaml: Option<PathBuf>) -> Result<Vec<String>, S
             .collect::<Vec<_>>()
             .join(" ")
     ));
+    let stream = sluice_proxy::stream_listen(node)?;
+    if !stream.is_empty() {
+        out.push(format!(
+            "{}: stream proxy on tcp [{}] udp [{}]",
+            config.display(),
+            stream
+                .tcp
+                .iter()
+                .map(|(a, tls)| if *tls {
+                    format!("{a} (tls)")
+                } else {
+                    a.to_string()
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+            stream
+                .udp
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
     sluice_store::control_addr(&loaded.text)?;
     if let Some(zk) = loaded.checked.doc.pointer("/discovery/zookeeper") {
         let zk = sluice_discovery::ZkConfig::from_value(zk)?;

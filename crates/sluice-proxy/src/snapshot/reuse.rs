@@ -55,6 +55,7 @@ fn env_of(res: &Resources) -> Resources {
         services: _,
         upstreams: _,
         plugin_configs: _,
+        stream_routes: _,
         ssls,
         consumers,
         global_rules,

@@ -185,6 +185,16 @@ fn refill_kind(r: &mut Resources, snap: &Snapshot, kind: &str, de: &DataEncrypti
                 |x: &mut sluice_model::Proto, id| x.id = id,
             )
         }
+        "stream_routes" => {
+            r.stream_routes.clear();
+            fill(
+                snap,
+                kind,
+                de,
+                &mut r.stream_routes,
+                |x: &mut sluice_model::StreamRoute, id| x.id = id,
+            )
+        }
         "secrets" => r.secrets = snap.to_resources_of(&["secrets"], de).secrets,
         _ => {}
     }

@@ -46,6 +46,10 @@ fn list_skips_sub_resources_and_resources_convert() {
             ),
             put("plugin_metadata/http-logger", json!({"log_format": {}})),
             put("consumer_groups/g1", json!({"plugins": {}})),
+            put(
+                "stream_routes/s1",
+                json!({"server_port": 9100, "upstream_id": "u1"}),
+            ),
         ],
         1,
     );
@@ -66,6 +70,8 @@ fn list_skips_sub_resources_and_resources_convert() {
     assert_eq!(r.secrets[0].conf["prefix"], "kv");
     assert_eq!(r.plugin_metadata[0].id.0, "http-logger");
     assert_eq!(r.consumer_groups[0].id.0, "g1");
+    assert_eq!(r.stream_routes[0].id.0, "s1");
+    assert_eq!(r.stream_routes[0].server_port, Some(9100));
 }
 
 /// The incremental view equals a full decode after every commit: puts, replacements, deletes, unparsable values,
@@ -112,6 +118,17 @@ fn patch_resources_matches_full_decode() {
             del("routes/9"),
             put("upstreams/u0", json!({"nodes": {}})),
         ],
+        vec![
+            put(
+                "stream_routes/2",
+                json!({"server_port": 9100, "upstream_id": "u1"}),
+            ),
+            put(
+                "stream_routes/1",
+                json!({"sni": "a.test", "upstream_id": "u1"}),
+            ),
+        ],
+        vec![del("stream_routes/2")],
     ];
     for (i, ops) in steps.iter().enumerate() {
         s.apply(ops, i as u64 + 1);

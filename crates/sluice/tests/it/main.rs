@@ -25,6 +25,7 @@ mod routing;
 mod secrets;
 mod seed;
 mod shutdown;
+mod stream;
 mod support;
 mod tracing;
 mod zookeeper;
