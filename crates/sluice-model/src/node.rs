@@ -84,6 +84,35 @@ pub struct ApisixSection {
     pub data_encryption: DataEncryptionSection,
     /// Route on the path with servlet `;` parameters cut from each segment (APISIX, default false).
     pub normalize_uri_like_servlet: bool,
+    /// `apisix.proxy_cache`: the proxy-cache plugin's zones; `None` means APISIX's defaults (`disk_cache_one` and
+    /// `memory_cache`, `cache_ttl: 10s`). Sizes and levels are checked when the zones are built (sluice-plugins).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_cache: Option<ProxyCacheSection>,
+}
+
+/// `apisix.proxy_cache` as APISIX's config.yaml writes it: sizes are nginx sizes (`50m`, `1G`), `cache_ttl` an
+/// nginx time (`10s`), `cache_levels` nginx's `levels` (`1:2`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProxyCacheSection {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_ttl: Option<NginxTime>,
+    pub zones: Vec<CacheZoneSection>,
+}
+
+/// One `apisix.proxy_cache.zones[]` entry: a memory zone has no `disk_path`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CacheZoneSection {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_size: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_size: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_levels: Option<String>,
 }
 
 impl Default for ApisixSection {
@@ -98,6 +127,7 @@ impl Default for ApisixSection {
             ssl: None,
             data_encryption: DataEncryptionSection::default(),
             normalize_uri_like_servlet: false,
+            proxy_cache: None,
         }
     }
 }

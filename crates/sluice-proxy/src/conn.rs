@@ -885,9 +885,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         self.out.put_u8(b' ');
         self.out
             .put_slice(sluice_http::status_reason(r.status).as_bytes());
-        self.out.put_slice(b"\r\nServer: sluice\r\nDate: ");
-        self.out.put_slice(&sluice_http::date::now());
         self.out.put_slice(b"\r\n");
+        // An answer replayed from a cache (proxy-cache) carries the origin's Server and Date: never two of each.
+        if ctx.response_header("server").is_none() {
+            self.out.put_slice(b"Server: sluice\r\n");
+        }
+        if ctx.response_header("date").is_none() {
+            self.out.put_slice(b"Date: ");
+            self.out.put_slice(&sluice_http::date::now());
+            self.out.put_slice(b"\r\n");
+        }
         for (name, value) in ctx.response_headers() {
             if !name.eq_ignore_ascii_case(b"content-length") {
                 forward::put_header(&mut self.out, name, value);

@@ -20,6 +20,7 @@ mod meta;
 mod metrics;
 mod mirror;
 mod mocking;
+mod proxy_cache;
 mod public_api;
 mod redis;
 mod req_redis;
