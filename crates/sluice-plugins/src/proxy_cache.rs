@@ -501,6 +501,52 @@ fn signature(ctx: &Ctx<'_>, vary: &[Box<str>]) -> Vec<u8> {
     out
 }
 
+/// nginx's not_modified filter on a hit: `If-None-Match` against the stored ETag (weak comparison, `*`), else
+/// `If-Modified-Since` equal to the stored Last-Modified (nginx's default `if_modified_since exact`).
+fn not_modified(ctx: &Ctx<'_>, e: &Entry) -> bool {
+    let stored = |name: &[u8]| {
+        e.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    let weak = |t: &[u8]| -> Vec<u8> { t.strip_prefix(b"W/").unwrap_or(t).to_vec() };
+    if let Some(inm) = ctx.req.head.header("if-none-match") {
+        let Some(etag) = stored(b"etag") else {
+            return false;
+        };
+        let etag = weak(etag.trim_ascii());
+        return inm
+            .split(|b| *b == b',')
+            .map(<[u8]>::trim_ascii)
+            .any(|t| t == b"*" || weak(t) == etag);
+    }
+    let Some(ims) = ctx.req.head.header("if-modified-since") else {
+        return false;
+    };
+    let Some(lm) = stored(b"last-modified") else {
+        return false;
+    };
+    let parse = |v: &[u8]| std::str::from_utf8(v).ok().and_then(parse_http_date);
+    matches!((parse(ims), parse(&lm)), (Some(a), Some(b)) if a == b)
+}
+
+/// A hit's answer: the stored one, or 304 without a body when the request's validators match.
+fn hit_response(ctx: &Ctx<'_>, e: &Entry, headers: Vec<(Bytes, Bytes)>) -> Response {
+    if not_modified(ctx, e) {
+        return Response {
+            status: 304,
+            headers,
+            body: Bytes::new(),
+        };
+    }
+    Response {
+        status: e.status,
+        headers,
+        body: e.body.clone(),
+    }
+}
+
 impl ProxyCache {
     fn key_of(&self, ctx: &Ctx<'_>) -> Vec<u8> {
         let mut key = Vec::with_capacity(64);
@@ -615,11 +661,7 @@ impl ProxyCache {
             Bytes::from_static(STATUS.as_bytes()),
             Bytes::from_static(b"HIT"),
         ));
-        Flow::Respond(Response {
-            status: e.status,
-            headers,
-            body: e.body.clone(),
-        })
+        Flow::Respond(hit_response(ctx, &e, headers))
     }
 
     fn disk_access(&self, ctx: &mut Ctx<'_>) {
@@ -648,11 +690,7 @@ impl ProxyCache {
             Lookup::Hit(e) => {
                 st.status = Some("HIT");
                 st.stage = Stage::Hit;
-                return Flow::Respond(Response {
-                    status: e.status,
-                    headers: self.replay(&e),
-                    body: e.body.clone(),
-                });
+                return Flow::Respond(hit_response(ctx, &e, self.replay(&e)));
             }
         }
         Flow::Continue

@@ -900,15 +900,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 forward::put_header(&mut self.out, name, value);
             }
         }
-        self.out.put_slice(b"Content-Length: ");
-        self.out
-            .put_slice(forward::fmt_u64(r.body.len() as u64, &mut n));
+        // 204 and 304 have no body and no Content-Length (RFC 9110 §8.6; proxy-cache's 304 on a hit).
+        let bodiless = matches!(r.status, 204 | 304);
+        if !bodiless {
+            self.out.put_slice(b"Content-Length: ");
+            self.out
+                .put_slice(forward::fmt_u64(r.body.len() as u64, &mut n));
+            self.out.put_slice(b"\r\n");
+        }
         self.out.put_slice(if keep {
-            &b"\r\n\r\n"[..]
+            &b"\r\n"[..]
         } else {
-            &b"\r\nConnection: close\r\n\r\n"[..]
+            &b"Connection: close\r\n\r\n"[..]
         });
-        let body = if head.method_str() != "HEAD" {
+        let body = if head.method_str() != "HEAD" && !bodiless {
             self.out.put_slice(&r.body);
             r.body.len() as u64
         } else {

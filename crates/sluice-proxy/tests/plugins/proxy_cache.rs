@@ -461,11 +461,16 @@ fn huge_answers_stream_whole_and_are_not_stored() {
 
 /// GET on a fresh connection; the head as text and the de-chunked body.
 fn raw_get(addr: SocketAddr, target: &str) -> (String, Vec<u8>) {
+    raw_get_with(addr, target, "")
+}
+
+/// [`raw_get`] with more header lines (each ending in CRLF).
+fn raw_get_with(addr: SocketAddr, target: &str, more: &str) -> (String, Vec<u8>) {
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     write!(
         c,
-        "GET {target} HTTP/1.1\r\nHost: test.local\r\nConnection: close\r\n\r\n"
+        "GET {target} HTTP/1.1\r\nHost: test.local\r\nConnection: close\r\n{more}\r\n"
     )
     .unwrap();
     let mut all = Vec::new();
@@ -779,6 +784,8 @@ fn redbot_on_a_cached_answer() {
         "more than once",
         "isn't correct",
         "has a syntax error",
+        // Conditional requests on a hit get 304, as from nginx's cache.
+        "returned the full content unchanged",
     ] {
         assert!(!text.contains(bad), "REDbot complained ({bad:?}):\n{text}");
     }
@@ -791,4 +798,41 @@ fn httpdate_now() -> String {
         .output()
         .expect("date");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn conditional_requests_on_a_hit() {
+    let o = CacheOrigin::start(|_, n| {
+        Answer::ok(format!("v{n}"))
+            .header("ETag", "\"v1\"")
+            .header("Last-Modified", "Thu, 26 Nov 2026 00:00:00 GMT")
+    });
+    let gw = Gw::start(json!({"routes": [route_to("1", "/*", &o, mem(json!({})))]}));
+    assert_eq!(status(&get(&gw, "/c", &[])), "MISS");
+    for (name, value, code) in [
+        ("If-None-Match", "\"v1\"", 304),
+        ("If-None-Match", "W/\"v1\"", 304),
+        ("If-None-Match", "\"x\", \"v1\"", 304),
+        ("If-None-Match", "*", 304),
+        ("If-None-Match", "\"v2\"", 200),
+        ("If-Modified-Since", "Thu, 26 Nov 2026 00:00:00 GMT", 304),
+        ("If-Modified-Since", "Wed, 25 Nov 2026 00:00:00 GMT", 200),
+    ] {
+        let (head, body) = raw_get_with(gw.addr, "/c", &format!("{name}: {value}\r\n"));
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {code} ")),
+            "{name}: {value}: {head}"
+        );
+        assert!(head.contains("Apisix-Cache-Status: HIT"), "{head}");
+        if code == 304 {
+            assert!(
+                body.is_empty() && !head.contains("Content-Length"),
+                "{head}"
+            );
+            assert!(head.contains("ETag: \"v1\""), "{head}");
+        } else {
+            assert_eq!(body, b"v1");
+        }
+    }
+    assert_eq!(o.hits(), 1);
 }
