@@ -172,6 +172,8 @@ fn check(v: &Value) -> Result<(), String> {
 
 /// A stored answer.
 pub(crate) struct Entry {
+    /// The cache key (disk entries, checked against the request's; empty in memory zones, whose slots keep it).
+    pub key: Box<[u8]>,
     /// The request's values of the answer's Vary headers, joined with NUL (empty without Vary).
     pub sig: Box<[u8]>,
     pub status: u16,
@@ -796,6 +798,7 @@ impl ProxyCache {
             return;
         };
         let entry = Entry {
+            key: Box::new([]),
             sig: signature(ctx, &vary).into(),
             status,
             headers: Self::stored_headers(ctx),
@@ -841,6 +844,7 @@ impl ProxyCache {
             return;
         };
         let entry = Entry {
+            key: Box::new([]),
             sig: signature(ctx, &vary).into(),
             status,
             headers: Self::stored_headers(ctx),
@@ -947,7 +951,7 @@ impl Plugin for ProxyCache {
                 };
                 entry.stored_ms = now_ms();
                 if let Zone::Memory(z) = &*self.zone {
-                    z.put(&key, vary, entry);
+                    z.put(&key, vary, Arc::new(entry));
                 }
             }
             Stage::Write(w) => {

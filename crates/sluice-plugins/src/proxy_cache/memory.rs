@@ -122,12 +122,11 @@ impl MemZone {
 
     /// Stores an answer. Its variant replaces the one with the same Vary values; answers stored under other Vary
     /// names are dropped (APISIX flushes the index when the Vary list changes).
-    pub(crate) fn put(&self, key: &[u8], vary: Box<[Box<str>]>, entry: Entry) {
+    pub(crate) fn put(&self, key: &[u8], vary: Box<[Box<str>]>, entry: Arc<Entry>) {
         let weight = entry.weight() + key.len() + SLOT_OVERHEAD;
         if weight > self.cap {
             return;
         }
-        let entry = Arc::new(entry);
         let (h, mut g) = self.shard(key);
         let s = &mut *g;
         s.tick += 1;
@@ -192,6 +191,7 @@ mod tests {
 
     fn entry(body: &str, sig: &[u8]) -> Entry {
         Entry {
+            key: Box::new([]),
             sig: sig.into(),
             status: 200,
             headers: Vec::new(),
@@ -213,7 +213,7 @@ mod tests {
         let z = MemZone::new(1 << 20);
         let none = |_: &[Box<str>]| Vec::new();
         assert!(matches!(z.get(b"k", &none, 1500), Lookup::Miss));
-        z.put(b"k", Box::new([]), entry("a", b""));
+        z.put(b"k", Box::new([]), Arc::new(entry("a", b"")));
         assert_eq!(body(z.get(b"k", &none, 1500)).as_deref(), Some("a"));
         assert!(matches!(z.get(b"k", &none, 2001), Lookup::Expired));
         assert!(z.purge(b"k"));
@@ -225,14 +225,18 @@ mod tests {
     fn variants_by_vary_values() {
         let z = MemZone::new(1 << 20);
         let vary: Box<[Box<str>]> = Box::new(["accept-language".into()]);
-        z.put(b"k", vary.clone(), entry("en", b"en"));
-        z.put(b"k", vary.clone(), entry("fr", b"fr"));
+        z.put(b"k", vary.clone(), Arc::new(entry("en", b"en")));
+        z.put(b"k", vary.clone(), Arc::new(entry("fr", b"fr")));
         let asks = |v: &'static [u8]| move |_: &[Box<str>]| v.to_vec();
         assert_eq!(body(z.get(b"k", &asks(b"en"), 1500)).as_deref(), Some("en"));
         assert_eq!(body(z.get(b"k", &asks(b"fr"), 1500)).as_deref(), Some("fr"));
         assert!(matches!(z.get(b"k", &asks(b"de"), 1500), Lookup::Miss));
         for i in 0..100 {
-            z.put(b"k", vary.clone(), entry("x", format!("v{i}").as_bytes()));
+            z.put(
+                b"k",
+                vary.clone(),
+                Arc::new(entry("x", format!("v{i}").as_bytes())),
+            );
         }
         assert!(matches!(z.get(b"k", &asks(b"en"), 1500), Lookup::Miss));
         assert!(matches!(z.get(b"k", &asks(b"v99"), 1500), Lookup::Hit(_)));
@@ -245,7 +249,11 @@ mod tests {
         let none = |_: &[Box<str>]| Vec::new();
         let big = "x".repeat(1024);
         for i in 0..1000 {
-            z.put(format!("k{i}").as_bytes(), Box::new([]), entry(&big, b""));
+            z.put(
+                format!("k{i}").as_bytes(),
+                Box::new([]),
+                Arc::new(entry(&big, b"")),
+            );
             // k0 stays in use.
             assert!(matches!(z.get(b"k0", &none, 1500), Lookup::Hit(_)), "{i}");
         }
@@ -253,7 +261,11 @@ mod tests {
         assert!(matches!(z.get(b"k1", &none, 1500), Lookup::Miss));
         assert!(matches!(z.get(b"k999", &none, 1500), Lookup::Hit(_)));
         // An answer larger than a shard is not stored.
-        z.put(b"huge", Box::new([]), entry(&"y".repeat(8 << 10), b""));
+        z.put(
+            b"huge",
+            Box::new([]),
+            Arc::new(entry(&"y".repeat(8 << 10), b"")),
+        );
         assert!(!z.contains(b"huge"));
     }
 }

@@ -174,7 +174,7 @@ impl Zones {
         }
         let zone = Arc::new(match &conf.disk {
             None => Zone::Memory(MemZone::new(conf.memory_size)),
-            Some(d) => Zone::Disk(DiskZone::open(d)?),
+            Some(d) => Zone::Disk(DiskZone::open(d, conf.memory_size)?),
         });
         open.push((name.to_owned(), zone.clone()));
         Ok(zone)

@@ -621,6 +621,7 @@ fn disk_zone_nginx_rules_restart_and_torn_files() {
     let gw = Gw::start_with(res.clone(), disk_shared(&dir, "1m", None), 2).unwrap();
     let r = get(&gw, "/hello", &[]);
     assert_eq!((status(&r), r.body.as_str()), ("HIT", "answer 1"));
+    drop(gw);
     // A torn file (a crash mid-write, a full disk) is never served: it counts as a miss and is replaced.
     let hits = o.hits();
     for f in files(&dir) {
@@ -630,6 +631,7 @@ fn disk_zone_nginx_rules_restart_and_torn_files() {
             std::fs::write(&f, &data[..data.len() - 5]).unwrap();
         }
     }
+    let gw = Gw::start_with(res.clone(), disk_shared(&dir, "1m", None), 2).unwrap();
     let r = get(&gw, "/hello", &[]);
     assert_eq!(status(&r), "MISS");
     assert_eq!(o.hits(), hits + 1);
