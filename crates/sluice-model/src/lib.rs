@@ -17,7 +17,8 @@ pub mod schema;
 pub use extra::{ConsumerGroup, Credential, PluginMetadata, Proto, Secret};
 pub use merge::{merge_route_service, EffectiveRoute};
 pub use node::{
-    CheckedConfig, DataEncryptionSection, ListenAddr, NginxTime, NodeConfig, WorkerCount,
+    CacheZoneSection, CheckedConfig, DataEncryptionSection, ListenAddr, NginxTime, NodeConfig,
+    ProxyCacheSection, WorkerCount,
 };
 pub use resource::*;
 

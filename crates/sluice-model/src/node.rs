@@ -90,6 +90,10 @@ pub struct ApisixSection {
     /// APISIX `stream_proxy` (`tcp`, `udp` listen lists; `only`), read by `sluice_proxy::stream_listen`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stream_proxy: Option<Value>,
+    /// `apisix.proxy_cache`: the proxy-cache plugin's zones; `None` means APISIX's defaults (`disk_cache_one` and
+    /// `memory_cache`, `cache_ttl: 10s`). Sizes and levels are checked when the zones are built (sluice-plugins).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_cache: Option<ProxyCacheSection>,
 }
 
 impl ApisixSection {
@@ -114,6 +118,31 @@ impl ApisixSection {
     }
 }
 
+/// `apisix.proxy_cache` as APISIX's config.yaml writes it: sizes are nginx sizes (`50m`, `1G`), `cache_ttl` an
+/// nginx time (`10s`), `cache_levels` nginx's `levels` (`1:2`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProxyCacheSection {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_ttl: Option<NginxTime>,
+    pub zones: Vec<CacheZoneSection>,
+}
+
+/// One `apisix.proxy_cache.zones[]` entry: a memory zone has no `disk_path`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CacheZoneSection {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_size: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_size: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_levels: Option<String>,
+}
+
 impl Default for ApisixSection {
     fn default() -> Self {
         ApisixSection {
@@ -128,6 +157,7 @@ impl Default for ApisixSection {
             normalize_uri_like_servlet: false,
             proxy_mode: None,
             stream_proxy: None,
+            proxy_cache: None,
         }
     }
 }

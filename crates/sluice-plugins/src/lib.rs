@@ -54,6 +54,7 @@ mod mocking;
 mod openid_connect;
 mod opentelemetry;
 pub mod prometheus;
+mod proxy_cache;
 mod proxy_mirror;
 mod proxy_rewrite;
 mod public_api;
@@ -81,6 +82,7 @@ pub use ctx_view::ReqView;
 pub use effect::{CallFailure, CallTimeouts, Effect, Resume, UpstreamCall};
 pub use filters::{body_ended, body_filters, filters_body, header_filters, BodyChunk};
 pub use prometheus::serve_metrics;
+pub use proxy_cache::Zones as ProxyCacheZones;
 pub use proxy_mirror::Mirror;
 
 use bytes::Bytes;

@@ -45,6 +45,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::key_auth::ENTRY,
     crate::consumer_restriction::ENTRY,
     crate::forward_auth::ENTRY,
+    crate::proxy_cache::ENTRY,
     crate::body_transformer::ENTRY,
     crate::proxy_mirror::ENTRY,
     crate::proxy_rewrite::ENTRY,

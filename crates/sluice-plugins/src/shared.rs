@@ -34,6 +34,8 @@ pub struct Shared {
     pub(crate) plugin_attr: Option<serde_json::Map<String, serde_json::Value>>,
     /// api-breaker's counts per host + URI.
     pub(crate) breakers: Arc<crate::api_breaker::Breakers>,
+    /// proxy-cache's zones (`apisix.proxy_cache`), kept across reloads with what they hold.
+    pub(crate) proxy_cache: Arc<crate::proxy_cache::Zones>,
 }
 
 impl Shared {
@@ -44,6 +46,14 @@ impl Shared {
         attr: Option<serde_json::Map<String, serde_json::Value>>,
     ) -> Self {
         self.plugin_attr = attr;
+        self
+    }
+
+    /// proxy-cache's zones from config.yaml's `apisix.proxy_cache` (checked with
+    /// [`crate::ProxyCacheZones::from_conf`]); without it, APISIX's default zones.
+    /// The zones are shared: a throwaway `Shared` that checks configurations sees the same zones.
+    pub fn with_proxy_cache(mut self, zones: Arc<crate::ProxyCacheZones>) -> Self {
+        self.proxy_cache = zones;
         self
     }
 

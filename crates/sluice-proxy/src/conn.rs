@@ -885,23 +885,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         self.out.put_u8(b' ');
         self.out
             .put_slice(sluice_http::status_reason(r.status).as_bytes());
-        self.out.put_slice(b"\r\nServer: sluice\r\nDate: ");
-        self.out.put_slice(&sluice_http::date::now());
         self.out.put_slice(b"\r\n");
+        // An answer replayed from a cache (proxy-cache) carries the origin's Server and Date: never two of each.
+        if ctx.response_header("server").is_none() {
+            self.out.put_slice(b"Server: sluice\r\n");
+        }
+        if ctx.response_header("date").is_none() {
+            self.out.put_slice(b"Date: ");
+            self.out.put_slice(&sluice_http::date::now());
+            self.out.put_slice(b"\r\n");
+        }
         for (name, value) in ctx.response_headers() {
             if !name.eq_ignore_ascii_case(b"content-length") {
                 forward::put_header(&mut self.out, name, value);
             }
         }
-        self.out.put_slice(b"Content-Length: ");
-        self.out
-            .put_slice(forward::fmt_u64(r.body.len() as u64, &mut n));
+        // 204 and 304 have no body and no Content-Length (RFC 9110 §8.6; proxy-cache's 304 on a hit).
+        let bodiless = matches!(r.status, 204 | 304);
+        if !bodiless {
+            self.out.put_slice(b"Content-Length: ");
+            self.out
+                .put_slice(forward::fmt_u64(r.body.len() as u64, &mut n));
+            self.out.put_slice(b"\r\n");
+        }
         self.out.put_slice(if keep {
-            &b"\r\n\r\n"[..]
+            &b"\r\n"[..]
         } else {
-            &b"\r\nConnection: close\r\n\r\n"[..]
+            &b"Connection: close\r\n\r\n"[..]
         });
-        let body = if head.method_str() != "HEAD" {
+        let body = if head.method_str() != "HEAD" && !bodiless {
             self.out.put_slice(&r.body);
             r.body.len() as u64
         } else {

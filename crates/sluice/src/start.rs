@@ -95,12 +95,22 @@ pub fn run(
         // First, so a signal sent while starting is never the default action (HUP and USR1 would kill).
         let mut signals = Signals::install()?;
         // Plugin state (limit counters, metrics) lives as long as the process, across every reload.
-        let plugin_state =
-            Arc::new(sluice_plugins::Shared::default().with_plugin_attr(node.plugin_attr.clone()));
-        // Standalone files and the first-start seed are checked with throwaway plugin state; Admin API writes
-        // are dry-run by the applier (below), which keeps the compile for the apply.
-        let check: standalone::Checker =
-            Arc::new(|r: &Resources| Snapshot::compile(r, 0).map(|_| ()));
+        // proxy-cache's zones (`apisix.proxy_cache`) hold cached answers for the process's life.
+        let cache_zones = Arc::new(sluice_plugins::ProxyCacheZones::from_conf(
+            node.apisix.proxy_cache.as_ref(),
+        )?);
+        let plugin_state = Arc::new(
+            sluice_plugins::Shared::default()
+                .with_plugin_attr(node.plugin_attr.clone())
+                .with_proxy_cache(cache_zones.clone()),
+        );
+        // Standalone files and the first-start seed are checked with throwaway plugin state (sharing the cache
+        // zones, which routes name); Admin API writes are dry-run by the applier (below), which keeps the compile
+        // for the apply.
+        let check: standalone::Checker = Arc::new(move |r: &Resources| {
+            let shared = sluice_plugins::Shared::default().with_proxy_cache(cache_zones.clone());
+            Snapshot::compile_with(r, 0, &shared).map(|_| ())
+        });
 
         let provider = sluice_store::provider_name(&node).to_owned();
         let mut server_info = None;

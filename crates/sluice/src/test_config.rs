@@ -20,6 +20,11 @@ pub fn run(config: &Path, apisix_yaml: Option<PathBuf>) -> Result<Vec<String>, S
     } else {
         Vec::new()
     };
+    // proxy-cache's zones: checked here; the resources below compile against them (a disk zone a route names
+    // is opened, its directory created, as `nginx -t` creates proxy_cache_path).
+    let zones = std::sync::Arc::new(sluice_plugins::ProxyCacheZones::from_conf(
+        node.apisix.proxy_cache.as_ref(),
+    )?);
     let provider = sluice_store::provider_name(node);
     out.push(format!(
         "{}: ok (role {}, config_provider {provider}, listen {})",
@@ -94,10 +99,10 @@ pub fn run(config: &Path, apisix_yaml: Option<PathBuf>) -> Result<Vec<String>, S
     ));
     let resources = apisix_yaml.unwrap_or_else(|| config.with_file_name("apisix.yaml"));
     if provider == "yaml" {
-        out.push(check_resources(&resources)?);
+        out.push(check_resources(&resources, &zones)?);
     } else if resources.exists() {
         // Only imported into an empty store (or with `sluice import`), but then it must be valid.
-        let line = check_resources(&resources)?;
+        let line = check_resources(&resources, &zones)?;
         out.push(format!(
             "{line} (imported only into an empty store, or by `sluice import`)"
         ));
@@ -107,7 +112,10 @@ pub fn run(config: &Path, apisix_yaml: Option<PathBuf>) -> Result<Vec<String>, S
 }
 
 /// Parses apisix.yaml and compiles it as the data plane would.
-fn check_resources(path: &Path) -> Result<String, String> {
+fn check_resources(
+    path: &Path,
+    zones: &std::sync::Arc<sluice_plugins::ProxyCacheZones>,
+) -> Result<String, String> {
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     let res: Resources =
@@ -115,7 +123,8 @@ fn check_resources(path: &Path) -> Result<String, String> {
     if let Some(e) = res.missing_reference() {
         return Err(format!("{}: {e}", path.display()));
     }
-    Snapshot::compile(&res, 0).map_err(|e| format!("{}: {e}", path.display()))?;
+    let shared = sluice_plugins::Shared::default().with_proxy_cache(zones.clone());
+    Snapshot::compile_with(&res, 0, &shared).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(format!(
         "{}: ok ({} routes, {} services, {} upstreams, {} consumers)",
         path.display(),

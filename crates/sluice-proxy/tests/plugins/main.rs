@@ -22,6 +22,7 @@ mod metrics;
 mod mirror;
 mod mocking;
 mod oidc;
+mod proxy_cache;
 mod public_api;
 mod redis;
 mod req_redis;
