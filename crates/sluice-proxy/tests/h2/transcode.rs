@@ -198,6 +198,11 @@ pub(super) fn http1(addr: SocketAddr, req: &str) -> (u16, Vec<(String, String)>,
                 .collect();
             let rest = &buf[end + 4..];
             let h = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+            // 204 and 304 end at the head (and carry no Content-Length: RFC 9110 §8.6).
+            if matches!(status, 204 | 304) {
+                assert_eq!(h("content-length"), None, "{status} with a Content-Length");
+                return (status, headers, Vec::new(), Instant::now());
+            }
             if let Some(len) = h("content-length") {
                 let len: usize = len.parse().unwrap();
                 if rest.len() >= len {
