@@ -106,6 +106,25 @@ fn parse_conf(v: &Value) -> Result<(Conf, Vec<String>), String> {
     let eps = c.endpoints();
     for a in &eps {
         split_uri(a)?;
+        if a.bytes()
+            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        {
+            return Err(format!(
+                "invalid endpoint (spaces or control characters): {a:?}"
+            ));
+        }
+    }
+    // They go into header values as written: a CR or LF would start a header (or a request) of its own.
+    for (name, v) in [
+        ("user", &c.user),
+        ("password", &c.password),
+        ("database", &c.database),
+    ] {
+        if v.bytes().any(|b| b.is_ascii_control()) {
+            return Err(format!(
+                "property \"{name}\" must not contain control characters"
+            ));
+        }
     }
     Ok((c, eps))
 }

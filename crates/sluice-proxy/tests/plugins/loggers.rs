@@ -249,6 +249,13 @@ fn clickhouse_logger_inserts_batches() {
                "user": "u", "password": "p", "database": "d", "logtable": "t"}),
         json!({"endpoint_addrs": ["http://127.0.0.1:1"], "user": "u", "password": "p", "database": "d",
                "logtable": "t", "timeout": 0}),
+        // Header and request-line injection through the configuration.
+        json!({"endpoint_addrs": ["http://127.0.0.1:1"], "user": "u\r\nX-Evil: 1", "password": "p",
+               "database": "d", "logtable": "t"}),
+        json!({"endpoint_addrs": ["http://127.0.0.1:1"], "user": "u", "password": "p\n", "database": "d",
+               "logtable": "t"}),
+        json!({"endpoint_addrs": ["http://127.0.0.1:1/ HTTP/1.1\r\nX-Evil: 1\r\n\r\nGET /"], "user": "u",
+               "password": "p", "database": "d", "logtable": "t"}),
     ] {
         let r = Gw::try_start(
             json!({"routes": [route("r", "/", &o, json!({"clickhouse-logger": bad}))]}),
