@@ -27,6 +27,7 @@ mod basic_auth;
 pub mod batch_processor;
 mod body_transformer;
 mod brotli;
+mod clickhouse_logger;
 mod consumer_restriction;
 mod cors;
 mod csrf;

@@ -73,6 +73,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::syslog::ENTRY,
     crate::udp_logger::ENTRY,
     crate::file_logger::ENTRY,
+    crate::clickhouse_logger::ENTRY,
 ];
 
 pub fn find(name: &str) -> Option<&'static Entry> {

@@ -166,3 +166,100 @@ fn loki_logger_pushes_streams_by_label() {
         assert!(r.is_err(), "accepted {bad}");
     }
 }
+
+/// clickhouse-logger (APISIX t/plugin/clickhouse-logger.t): one `INSERT ... FORMAT JSONEachRow` POST per batch
+/// with ClickHouse's auth headers; a dead endpoint never slows the proxy.
+#[test]
+fn clickhouse_logger_inserts_batches() {
+    let o = Origin::start();
+    let ch = Origin::start();
+    let gw = Gw::start(
+        json!({"routes": [route("r1", "/hello*", &o, json!({"clickhouse-logger": {
+        "endpoint_addrs": [format!("http://{}/?query_id=q1", ch.addr)], "user": "default",
+        "password": "s3cr\"et", "database": "logs", "logtable": "t1",
+        "batch_max_size": 2, "inactive_timeout": 1, "log_format": {"m": "$request_method", "u": "$uri"}}}))]}),
+    );
+    for p in ["/hello/a", "/hello/b", "/hello/c"] {
+        assert_eq!(gw.get(p, &[]).status, 200);
+    }
+    // Two entries fill a batch; the third leaves alone after inactive_timeout.
+    assert!(
+        wait_until(|| ch.count() == 2),
+        "clickhouse saw {}",
+        ch.count()
+    );
+    let seen = ch.seen.lock().unwrap().clone();
+    let r = &seen[0];
+    assert_eq!(
+        (r.method.as_str(), r.target.as_str()),
+        ("POST", "/?query_id=q1")
+    );
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.header("x-clickhouse-user"), Some("default"));
+    assert_eq!(r.header("x-clickhouse-key"), Some("s3cr\"et"));
+    assert_eq!(r.header("x-clickhouse-database"), Some("logs"));
+    let rows = r
+        .body
+        .strip_prefix("INSERT INTO t1 FORMAT JSONEachRow ")
+        .unwrap_or_else(|| panic!("{}", r.body));
+    // JSONEachRow: objects separated by one space, each with the route id added to the custom format.
+    let rows: Vec<Value> = serde_json::Deserializer::from_str(rows)
+        .into_iter::<Value>()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(rows.len(), 2, "{}", r.body);
+    let mut uris: Vec<&str> = rows.iter().map(|v| v["u"].as_str().unwrap()).collect();
+    uris.sort_unstable();
+    assert_eq!(uris, ["/hello/a", "/hello/b"]);
+    assert_eq!(rows[0]["m"], "GET");
+    assert_eq!(rows[0]["route_id"], "r1");
+    assert!(r.body.contains("} {"), "{}", r.body);
+    let last: Value = serde_json::from_str(
+        seen[1]
+            .body
+            .strip_prefix("INSERT INTO t1 FORMAT JSONEachRow ")
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(last["u"], "/hello/c");
+
+    // A sink that accepts connections but never answers: requests are not held up by it.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gw = Gw::start(
+        json!({"routes": [route("r1", "/hello", &o, json!({"clickhouse-logger": {
+        "endpoint_addr": format!("http://{}", dead.local_addr().unwrap()), "user": "u", "password": "p",
+        "database": "d", "logtable": "t", "batch_max_size": 1, "timeout": 3}}))]}),
+    );
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        assert_eq!(gw.get("/hello", &[]).status, 200);
+        assert!(
+            t0.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
+
+    // Bad configurations get the schema's refusal.
+    for bad in [
+        json!({"endpoint_addrs": ["https://127.0.0.1:1"], "user": "u", "password": "p", "database": "d", "logtable": "t"}),
+        json!({"endpoint_addrs": [], "user": "u", "password": "p", "database": "d", "logtable": "t"}),
+        json!({"endpoint_addrs": ["http://127.0.0.1:1"], "user": "u", "password": "p", "database": "d"}),
+        json!({"endpoint_addr": "http://127.0.0.1:1", "endpoint_addrs": ["http://127.0.0.1:1"],
+               "user": "u", "password": "p", "database": "d", "logtable": "t"}),
+        json!({"endpoint_addrs": ["http://127.0.0.1:1"], "user": "u", "password": "p", "database": "d",
+               "logtable": "t", "timeout": 0}),
+        // Header and request-line injection through the configuration.
+        json!({"endpoint_addrs": ["http://127.0.0.1:1"], "user": "u\r\nX-Evil: 1", "password": "p",
+               "database": "d", "logtable": "t"}),
+        json!({"endpoint_addrs": ["http://127.0.0.1:1"], "user": "u", "password": "p\n", "database": "d",
+               "logtable": "t"}),
+        json!({"endpoint_addrs": ["http://127.0.0.1:1/ HTTP/1.1\r\nX-Evil: 1\r\n\r\nGET /"], "user": "u",
+               "password": "p", "database": "d", "logtable": "t"}),
+    ] {
+        let r = Gw::try_start(
+            json!({"routes": [route("r", "/", &o, json!({"clickhouse-logger": bad}))]}),
+        );
+        assert!(r.is_err(), "accepted {bad}");
+    }
+}
