@@ -33,6 +33,7 @@ mod cors;
 mod csrf;
 mod dubbo_proxy;
 mod echo;
+mod elasticsearch_logger;
 mod fault_injection;
 mod file_logger;
 mod forward_auth;

@@ -66,6 +66,7 @@ pub static REGISTRY: &[Entry] = &[
     crate::public_api::ENTRY,
     crate::prometheus::ENTRY,
     crate::loki_logger::ENTRY,
+    crate::elasticsearch_logger::ENTRY,
     crate::echo::ENTRY,
     crate::http_logger::ENTRY,
     crate::tcp_logger::ENTRY,

@@ -263,3 +263,84 @@ fn clickhouse_logger_inserts_batches() {
         assert!(r.is_err(), "accepted {bad}");
     }
 }
+
+/// elasticsearch-logger (APISIX t/plugin/elasticsearch-logger.t): one `POST /_bulk` per batch of
+/// batch_max_size entries, NDJSON action + document lines, Basic auth from `auth`, `headers` on top; a sink
+/// that accepts and never answers does not slow the proxy.
+#[test]
+fn elasticsearch_logger_bulk_posts_batches() {
+    let o = Origin::start();
+    let es = Origin::start();
+    let gw = Gw::start(
+        json!({"routes": [route("r1", "/hello*", &o, json!({"elasticsearch-logger": {
+        "endpoint_addrs": [format!("http://{}", es.addr)], "field": {"index": "svc-$uri"},
+        "auth": {"username": "elastic", "password": "p@ss:w"}, "headers": {"X-Tenant": "t1"},
+        "batch_max_size": 2, "log_format": {"m": "$request_method", "q": "$arg_a"}}}))]}),
+    );
+    for p in ["/hello/a?a=1", "/hello/b?a=%22%0A", "/hello/c"] {
+        assert_eq!(gw.get(p, &[]).status, 200);
+    }
+    // Two entries fill a batch; the third waits for inactive_timeout (5 s by default), past this wait.
+    assert!(wait_until(|| es.count() == 1), "es saw {}", es.count());
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(es.count(), 1);
+    let r = es.last();
+    assert_eq!((r.method.as_str(), r.target.as_str()), ("POST", "/_bulk"));
+    assert_eq!(r.header("content-type"), Some("application/x-ndjson"));
+    assert_eq!(
+        r.header("accept"),
+        Some("application/vnd.elasticsearch+json")
+    );
+    // base64("elastic:p@ss:w")
+    assert_eq!(
+        r.header("authorization"),
+        Some("Basic ZWxhc3RpYzpwQHNzOnc=")
+    );
+    assert_eq!(r.header("x-tenant"), Some("t1"));
+    // A quote and a newline in a request value stay inside their JSON string: four lines, no more.
+    let lines: Vec<&str> = r.body.split_terminator('\n').collect();
+    assert!(r.body.ends_with('\n'), "{:?}", r.body);
+    assert_eq!(lines.len(), 4, "{:?}", r.body);
+    let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap();
+    assert_eq!(
+        parse(lines[0]),
+        json!({"index": {"_index": "svc-/hello/a"}})
+    );
+    assert_eq!(
+        parse(lines[1]),
+        json!({"m": "GET", "q": "1", "route_id": "r1"})
+    );
+    assert_eq!(
+        parse(lines[2]),
+        json!({"index": {"_index": "svc-/hello/b"}})
+    );
+    assert_eq!(parse(lines[3])["q"], "%22%0A");
+
+    // A sink that accepts connections and never answers: requests keep their pace.
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gw2 = Gw::start(
+        json!({"routes": [route("r1", "/hello", &o, json!({"elasticsearch-logger": {
+        "endpoint_addr": format!("http://{}", hole.local_addr().unwrap()), "field": {"index": "i"},
+        "timeout": 3, "batch_max_size": 1}}))]}),
+    );
+    let t0 = Instant::now();
+    for _ in 0..5 {
+        assert_eq!(gw2.get("/hello", &[]).status, 200);
+    }
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+
+    for bad in [
+        json!({"endpoint_addrs": ["https://127.0.0.1:1"], "field": {"index": "i"}}),
+        json!({"endpoint_addrs": ["http://127.0.0.1:1/"], "field": {"index": "i"}}),
+        json!({"endpoint_addrs": ["http://127.0.0.1:1"]}),
+        json!({"endpoint_addrs": ["http://127.0.0.1:1"], "field": {}}),
+        json!({"endpoint_addrs": ["http://127.0.0.1:1"], "field": {"index": "i"}, "auth": {"username": "u"}}),
+        json!({"endpoint_addrs": ["http://127.0.0.1:1"], "field": {"index": "i"}, "headers": {"a:b": "c"}}),
+        json!({"endpoint_addrs": ["http://127.0.0.1:1"], "field": {"index": "i"}, "timeout": 0}),
+    ] {
+        let r = Gw::try_start(
+            json!({"routes": [route("r", "/", &o, json!({"elasticsearch-logger": bad}))]}),
+        );
+        assert!(r.is_err(), "accepted {bad}");
+    }
+}
