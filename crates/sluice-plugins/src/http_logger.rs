@@ -79,6 +79,11 @@ fn json_method() -> String {
 
 /// `http://host[:port]/path` -> (host:port, host header, path).
 pub(crate) fn split_uri(uri: &str) -> Result<(String, String, String), String> {
+    if !head_safe(uri, false) {
+        return Err(format!(
+            "invalid endpoint (spaces or control characters): {uri:?}"
+        ));
+    }
     let rest = uri
         .strip_prefix("http://")
         .ok_or_else(|| format!("only http:// endpoints are supported: {uri}"))?;
@@ -98,9 +103,22 @@ pub(crate) fn split_uri(uri: &str) -> Result<(String, String, String), String> {
     Ok((addr, authority.to_owned(), path.to_owned()))
 }
 
+/// Whether `v` can be written into a request head as it is: no control character (CR and LF would end the line
+/// and let a configured value add headers or a whole request) and, unless `space`, no space or tab.
+pub(crate) fn head_safe(v: &str, space: bool) -> bool {
+    v.bytes()
+        .all(|b| (space && b == b'\t') || !(b.is_ascii_control() || (!space && b == b' ')))
+}
+
 fn check(v: &Value) -> Result<(), String> {
     let c: Conf = parse(&schema(), v)?;
     split_uri(&c.uri)?;
+    if c.auth_header
+        .as_deref()
+        .is_some_and(|a| !head_safe(a, true))
+    {
+        return Err("property \"auth_header\" must not contain control characters".into());
+    }
     Format::compile(c.log_format.as_ref()).map(drop)
 }
 
@@ -144,6 +162,14 @@ pub(crate) fn post(
     timeout: Duration,
 ) -> Result<u16, String> {
     let (addr, host, path) = split_uri(uri)?;
+    // Checked here, where every HTTP logger's headers are written, before anything is sent.
+    if let Some((n, _)) = headers.iter().find(|(n, v)| {
+        n.is_empty() || n.contains(':') || !head_safe(n, false) || !head_safe(v, true)
+    }) {
+        return Err(format!(
+            "header {n:?}: characters that cannot go in a request head"
+        ));
+    }
     let sa = addr
         .to_socket_addrs()
         .map_err(|e| e.to_string())?
@@ -214,5 +240,35 @@ impl Plugin for HttpLogger {
             with_req_body(&mut e, ctx);
         }
         self.queue.push(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn injected_head_lines_are_refused_and_nothing_is_sent() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let uri = format!("http://{}/x", l.local_addr().unwrap());
+        for (n, v) in [
+            ("Authorization", "a\r\nX-Evil: 1"),
+            ("Authorization", "a\nb"),
+            ("X-A\r\nB", "v"),
+            ("X:Y", "v"),
+            ("X Y", "v"),
+            ("", "v"),
+        ] {
+            let r = post(&uri, &[(n, v)], b"{}", Duration::from_secs(1));
+            assert!(r.is_err(), "{n:?}: {v:?} was sent");
+        }
+        assert!(l.accept().is_err(), "a connection was made");
+        assert!(split_uri("http://127.0.0.1:1/ HTTP/1.1\r\nX-Evil: 1").is_err());
+        assert!(split_uri("http://127.0.0.1:1/a b").is_err());
+        assert!(
+            check(&json!({"uri": "http://127.0.0.1:1/", "auth_header": "a\r\nX-Evil: 1"})).is_err()
+        );
+        assert!(check(&json!({"uri": "http://127.0.0.1:1/", "auth_header": "Basic\tx y"})).is_ok());
     }
 }
