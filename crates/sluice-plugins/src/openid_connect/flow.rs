@@ -223,18 +223,14 @@ impl Inner {
         Ok(claims)
     }
 
-    /// Renews the session's access token with its refresh token; the renewed session and its sealed cookie.
-    async fn refresh(&self, mut a: Authed) -> Result<(Authed, String), String> {
-        let rt = a.refresh_token.clone().ok_or("no refresh token")?;
-        let disc = self.provider.discovery().await?;
-        let t = disc
-            .token_endpoint
-            .as_ref()
-            .ok_or("the provider has no token_endpoint")?;
-        let mut pairs = vec![
-            ("grant_type", "refresh_token".to_owned()),
-            ("refresh_token", rt),
-        ];
+    /// A POST of `pairs` to the token endpoint with the client's authentication; its JSON answer when 200. `what`
+    /// names the call in errors.
+    async fn token_request(
+        &self,
+        t: &client_target::Target,
+        mut pairs: Vec<(&'static str, String)>,
+        what: &str,
+    ) -> Result<Value, String> {
         let auth = self.client_auth(self.token_basic, &mut pairs);
         let body = form(
             &pairs
@@ -248,15 +244,30 @@ impl Inner {
             .provider
             .call(t, "POST", &headers, Some(body.as_bytes()))
             .await
-            .map_err(|e| format!("token endpoint (refresh): {e}"))?;
+            .map_err(|e| format!("{what}: {e}"))?;
         let v = ans.json().unwrap_or_default();
         if ans.status != 200 {
             let err = v.get("error").and_then(Value::as_str).unwrap_or("");
-            return Err(format!(
-                "token endpoint (refresh) answered {} {err}",
-                ans.status
-            ));
+            return Err(format!("{what} answered {} {err}", ans.status));
         }
+        Ok(v)
+    }
+
+    /// Renews the session's access token with its refresh token; the renewed session and its sealed cookie.
+    async fn refresh(&self, mut a: Authed) -> Result<(Authed, String), String> {
+        let rt = a.refresh_token.clone().ok_or("no refresh token")?;
+        let disc = self.provider.discovery().await?;
+        let t = disc
+            .token_endpoint
+            .as_ref()
+            .ok_or("the provider has no token_endpoint")?;
+        let pairs = vec![
+            ("grant_type", "refresh_token".to_owned()),
+            ("refresh_token", rt),
+        ];
+        let v = self
+            .token_request(t, pairs, "token endpoint (refresh)")
+            .await?;
         let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
         let now = now();
         a.access_token = header_safe(s("access_token"))?;
@@ -306,25 +317,7 @@ impl Inner {
         if let Some(v) = &pending.verifier {
             pairs.push(("code_verifier", v.clone()));
         }
-        let auth = self.client_auth(self.token_basic, &mut pairs);
-        let body = form(
-            &pairs
-                .iter()
-                .map(|(k, v)| (*k, v.as_str()))
-                .collect::<Vec<_>>(),
-        );
-        let headers: Vec<(&str, &str)> =
-            auth.iter().map(|a| ("Authorization", a.as_str())).collect();
-        let a = self
-            .provider
-            .call(t, "POST", &headers, Some(body.as_bytes()))
-            .await
-            .map_err(|e| format!("token endpoint: {e}"))?;
-        let v = a.json().unwrap_or_default();
-        if a.status != 200 {
-            let err = v.get("error").and_then(Value::as_str).unwrap_or("");
-            return Err(format!("token endpoint answered {} {err}", a.status));
-        }
+        let v = self.token_request(t, pairs, "token endpoint").await?;
         let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
         let id = s("id_token").ok_or("the token answer has no id_token")?;
         let claims = self
