@@ -94,6 +94,25 @@ pub struct ApisixSection {
     /// `memory_cache`, `cache_ttl: 10s`). Sizes and levels are checked when the zones are built (sluice-plugins).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy_cache: Option<ProxyCacheSection>,
+    /// APISIX `proxy_protocol`: listeners that take a PROXY header first, and sending one to stream upstreams.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<ProxyProtocolSection>,
+}
+
+/// `apisix.proxy_protocol` as APISIX's config.yaml writes it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProxyProtocolSection {
+    /// An extra cleartext HTTP listener (all interfaces) whose connections open with a PROXY header.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen_http_port: Option<u16>,
+    /// The same for TLS (the header comes before the handshake).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen_https_port: Option<u16>,
+    /// Every `stream_proxy.tcp` listener takes a PROXY header first.
+    pub enable_tcp_pp: bool,
+    /// The stream proxy opens each upstream connection with a PROXY v1 header naming the client.
+    pub enable_tcp_pp_to_upstream: bool,
 }
 
 impl ApisixSection {
@@ -158,6 +177,7 @@ impl Default for ApisixSection {
             proxy_mode: None,
             stream_proxy: None,
             proxy_cache: None,
+            proxy_protocol: None,
         }
     }
 }

@@ -18,6 +18,7 @@ mod inspect;
 mod listen;
 mod mirror;
 mod pool;
+pub mod proxy_protocol;
 mod server;
 mod slots;
 mod snapshot;
@@ -26,7 +27,7 @@ mod tls;
 mod tls_server;
 mod ws;
 
-pub use accept::ListenerKind;
+pub use accept::{Behind, ListenerKind};
 pub use access_log::{AccessLog, AccessLogConfig, AccessLogHandle, Escape, Format, Target};
 pub use error::{Error, Side};
 pub use inspect::{ChainEntry, InspectError, MatchInput, MatchOutcome};

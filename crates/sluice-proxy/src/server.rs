@@ -48,6 +48,8 @@ pub struct ProxyConfig {
     pub normalize_uri_like_servlet: bool,
     /// Where workers send access log lines (`None`: no access log). The binary opens it ([`crate::AccessLog`]).
     pub access_log: Option<crate::AccessLogHandle>,
+    /// APISIX `proxy_protocol.enable_tcp_pp_to_upstream`: stream upstream connections open with a PROXY v1 header.
+    pub proxy_protocol_to_upstream: bool,
 }
 
 impl Default for ProxyConfig {
@@ -79,6 +81,11 @@ impl ProxyConfig {
                 .map(|v| v.to_ascii_lowercase().into()),
             normalize_uri_like_servlet: n.apisix.normalize_uri_like_servlet,
             access_log: None,
+            proxy_protocol_to_upstream: n
+                .apisix
+                .proxy_protocol
+                .as_ref()
+                .is_some_and(|p| p.enable_tcp_pp_to_upstream),
         }
     }
 }

@@ -76,13 +76,19 @@ pub fn run(
     } else {
         sluice_proxy::listen_addrs(&node)?
     };
+    // `proxy_protocol.enable_tcp_pp`: every stream TCP listener takes a PROXY header first.
+    let tcp_pp = node
+        .apisix
+        .proxy_protocol
+        .as_ref()
+        .is_some_and(|p| p.enable_tcp_pp);
     addrs.extend(stream.tcp.iter().map(|&(a, tls)| {
         let kind = if tls {
             ListenerKind::StreamTls
         } else {
             ListenerKind::Stream
         };
-        (a, kind)
+        (a, kind.with_proxy_protocol(tcp_pp))
     }));
     instance::ports_free(&addrs.iter().map(|(a, _)| *a).collect::<Vec<_>>())?;
 

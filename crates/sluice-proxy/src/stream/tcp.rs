@@ -98,7 +98,7 @@ async fn proxy<C: AsyncRead + AsyncWrite + Unpin>(
     r: &StreamRt,
     peer: SocketAddr,
     local: SocketAddr,
-    _w: &Worker,
+    w: &Worker,
 ) {
     // Slots limit-conn holds for this connection; released when it ends.
     let mut held = StreamHeld::default();
@@ -128,7 +128,12 @@ async fn proxy<C: AsyncRead + AsyncWrite + Unpin>(
         tracing::warn!(route = &*r.id, why = &**why, "stream: no upstream node");
         return;
     }
-    let Some((node, upstream)) = connect(up, r, peer).await else {
+    let pp = w
+        .shared
+        .cfg
+        .proxy_protocol_to_upstream
+        .then(|| crate::proxy_protocol::v1_header(peer, local));
+    let Some((node, upstream)) = connect(up, r, peer, pp.as_deref()).await else {
         return;
     };
     let res = match upstream {
@@ -151,7 +156,12 @@ enum Up {
 
 /// Picks a node and connects within the route's connect timeout; a node that fails is reported to passive
 /// health and the next one is tried, up to the upstream's `retries` (default: every other node).
-async fn connect(up: &UpstreamRt, r: &StreamRt, peer: SocketAddr) -> Option<(usize, Up)> {
+async fn connect(
+    up: &UpstreamRt,
+    r: &StreamRt,
+    peer: SocketAddr,
+    pp: Option<&str>,
+) -> Option<(usize, Up)> {
     let retries = up
         .retries
         .unwrap_or(up.nodes.len().saturating_sub(1) as u32);
@@ -176,7 +186,11 @@ async fn connect(up: &UpstreamRt, r: &StreamRt, peer: SocketAddr) -> Option<(usi
         let t0 = Instant::now();
         let node = &up.nodes[i];
         let res = tokio::time::timeout(r.connect_timeout, async {
-            let tcp = TcpStream::connect(node.addr).await?;
+            let mut tcp = TcpStream::connect(node.addr).await?;
+            // The PROXY header (`enable_tcp_pp_to_upstream`) goes first, before any TLS to the upstream.
+            if let Some(h) = pp {
+                tcp.write_all(h.as_bytes()).await?;
+            }
             match (&up.tls, &node.sni) {
                 (Some(cfg), Some(sni)) => {
                     let tls = tokio_rustls::TlsConnector::from(cfg.clone())
