@@ -272,3 +272,40 @@ fn http_listener_feeds_remote_addr_ip_restriction_and_x_forwarded_for() {
         "the origin was reached"
     );
 }
+
+#[test]
+fn tls_follows_the_header_on_a_tls_listener() {
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let pki = super::ca();
+    let term = super::leaf(&pki, "t.test");
+    let (origin, _) = first_line_origin();
+    let res = json!({
+        "stream_routes": [{"id": "t", "remote_addr": "203.0.113.0/24", "upstream": up(&[origin])}],
+        "ssls": [{"id": 1, "snis": ["t.test"], "cert": term.cert.pem(), "key": term.key.serialize_pem()}]
+    });
+    let gw = PpGw::start(ListenerKind::StreamTls, res, true);
+    super::provider();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from(pki.cert.der().to_vec()))
+        .unwrap();
+    let cfg = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut conn =
+        rustls::ClientConnection::new(Arc::new(cfg), ServerName::try_from("t.test").unwrap())
+            .unwrap();
+    let mut tcp = TcpStream::connect(gw.pp).unwrap();
+    tcp.set_read_timeout(Some(IO)).unwrap();
+    // The header, then the handshake: the client verifies the gateway's certificate for t.test.
+    tcp.write_all(b"PROXY TCP4 203.0.113.7 127.0.0.1 40000 9100\r\n")
+        .unwrap();
+    let mut s = rustls::Stream::new(&mut conn, &mut tcp);
+    s.write_all(b"x\r\n").unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        format!("PROXY TCP4 203.0.113.7 127.0.0.1 40000 {}\r\n", gw.pp.port())
+    );
+}
