@@ -275,6 +275,35 @@ pub struct NginxConfigSection {
     /// nginx's levels: debug, info, notice, warn, error, crit, alert, emerg (APISIX default warn).
     pub error_log_level: String,
     pub http: NginxHttpSection,
+    /// `nginx_config.stream`: the stream proxy's access log.
+    pub stream: NginxStreamSection,
+}
+
+/// APISIX's default `nginx_config.stream.access_log_format` (apisix/cli/config.lua).
+pub const DEFAULT_STREAM_ACCESS_LOG_FORMAT: &str =
+    "$remote_addr [$time_local] $protocol $status $bytes_sent $bytes_received $session_time";
+
+/// `nginx_config.stream`: the stream (L4) access log, off by default as in APISIX.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NginxStreamSection {
+    pub enable_access_log: bool,
+    /// A path or `/dev/stdout`; relative paths are taken from the prefix.
+    pub access_log: String,
+    /// nginx stream `log_format` with `$variables`.
+    pub access_log_format: String,
+    pub access_log_format_escape: String,
+}
+
+impl Default for NginxStreamSection {
+    fn default() -> Self {
+        NginxStreamSection {
+            enable_access_log: false,
+            access_log: "logs/access_stream.log".into(),
+            access_log_format: DEFAULT_STREAM_ACCESS_LOG_FORMAT.into(),
+            access_log_format_escape: "default".into(),
+        }
+    }
 }
 
 impl Default for NginxConfigSection {
@@ -284,6 +313,7 @@ impl Default for NginxConfigSection {
             error_log: None,
             error_log_level: "warn".into(),
             http: NginxHttpSection::default(),
+            stream: NginxStreamSection::default(),
         }
     }
 }

@@ -34,4 +34,5 @@ pub use inspect::{ChainEntry, InspectError, MatchInput, MatchOutcome};
 pub use listen::{listen_addrs, DEFAULT_TLS_PORT};
 pub use server::{Gateway, Listeners, NodeHealth, ProxyConfig, Running, UpstreamHealth};
 pub use snapshot::{Prepared, Snapshot};
+pub use stream::log::{stream_access_log, StreamFormat};
 pub use stream::{stream_listen, StreamListen};

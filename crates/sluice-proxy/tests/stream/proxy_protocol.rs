@@ -74,25 +74,29 @@ fn head_origin() -> (SocketAddr, Arc<AtomicUsize>) {
     (addr, accepted)
 }
 
-struct PpGw {
+pub(crate) struct PpGw {
     gw: Gateway,
     /// Without, then with, the PROXY protocol.
-    plain: SocketAddr,
-    pp: SocketAddr,
+    pub plain: SocketAddr,
+    pub pp: SocketAddr,
     running: Option<Running>,
 }
 
 impl PpGw {
     fn start(kind: ListenerKind, res: Value, to_upstream: bool) -> PpGw {
-        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let l = Listeners::bind_kinds(&[(any, kind), (any, kind.with_proxy_protocol(true))], 1)
-            .unwrap();
-        let (plain, pp) = (l.local_addrs[0], l.local_addrs[1]);
         let cfg = ProxyConfig {
             proxy_protocol_to_upstream: to_upstream,
             header_timeout: Duration::from_secs(2),
             ..ProxyConfig::default()
         };
+        PpGw::start_with(kind, res, cfg)
+    }
+
+    pub(crate) fn start_with(kind: ListenerKind, res: Value, cfg: ProxyConfig) -> PpGw {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let l = Listeners::bind_kinds(&[(any, kind), (any, kind.with_proxy_protocol(true))], 1)
+            .unwrap();
+        let (plain, pp) = (l.local_addrs[0], l.local_addrs[1]);
         let gw = Gateway::new(cfg, compile(&res, 1));
         let running = Some(gw.start(l).unwrap());
         PpGw {
@@ -306,6 +310,9 @@ fn tls_follows_the_header_on_a_tls_listener() {
     let _ = s.read_to_end(&mut out);
     assert_eq!(
         String::from_utf8_lossy(&out),
-        format!("PROXY TCP4 203.0.113.7 127.0.0.1 40000 {}\r\n", gw.pp.port())
+        format!(
+            "PROXY TCP4 203.0.113.7 127.0.0.1 40000 {}\r\n",
+            gw.pp.port()
+        )
     );
 }
