@@ -332,6 +332,42 @@ mod tests {
         ));
     }
 
+    /// The fuzz target's properties over every one-byte change of a few headers: no panic, a header's every
+    /// prefix is `Partial`, an invalid opening stays invalid with more bytes.
+    #[test]
+    fn one_byte_changes_keep_the_invariants() {
+        let mut tlvs = vec![0x01, 0, 2];
+        tlvs.extend_from_slice(b"h2");
+        let bases = [
+            b"PROXY TCP4 192.0.2.10 10.0.0.1 51234 9181\r\nGET".to_vec(),
+            b"PROXY TCP6 2001:db8::7 2001:db8::1 4000 443\r\n".to_vec(),
+            b"PROXY UNKNOWN\r\n".to_vec(),
+            v2(1, 0x11, &v4_body(&tlvs)),
+        ];
+        for base in &bases {
+            for i in 0..base.len() {
+                for x in [0u8, 1, b' ', b'\r', b'\n', b'9', 0x20, 0x21, 0xff] {
+                    let mut m = base.clone();
+                    m[i] = x;
+                    match parse(&m) {
+                        Parsed::Header { len, .. } => {
+                            assert!(len <= m.len());
+                            for n in 0..len {
+                                assert_eq!(parse(&m[..n]), Parsed::Partial, "{m:?} at {n}");
+                            }
+                        }
+                        Parsed::Invalid(_) => {
+                            let mut more = m.clone();
+                            more.extend_from_slice(b"\r\n");
+                            assert!(matches!(parse(&more), Parsed::Invalid(_)), "{m:?}");
+                        }
+                        Parsed::Partial => {}
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn header_for_upstreams() {
         let c = "192.0.2.10:51234".parse().unwrap();
