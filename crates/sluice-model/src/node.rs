@@ -94,6 +94,25 @@ pub struct ApisixSection {
     /// `memory_cache`, `cache_ttl: 10s`). Sizes and levels are checked when the zones are built (sluice-plugins).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy_cache: Option<ProxyCacheSection>,
+    /// APISIX `proxy_protocol`: listeners that take a PROXY header first, and sending one to stream upstreams.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<ProxyProtocolSection>,
+}
+
+/// `apisix.proxy_protocol` as APISIX's config.yaml writes it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProxyProtocolSection {
+    /// An extra cleartext HTTP listener (all interfaces) whose connections open with a PROXY header.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen_http_port: Option<u16>,
+    /// The same for TLS (the header comes before the handshake).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen_https_port: Option<u16>,
+    /// Every `stream_proxy.tcp` listener takes a PROXY header first.
+    pub enable_tcp_pp: bool,
+    /// The stream proxy opens each upstream connection with a PROXY v1 header naming the client.
+    pub enable_tcp_pp_to_upstream: bool,
 }
 
 impl ApisixSection {
@@ -158,6 +177,7 @@ impl Default for ApisixSection {
             proxy_mode: None,
             stream_proxy: None,
             proxy_cache: None,
+            proxy_protocol: None,
         }
     }
 }
@@ -255,6 +275,35 @@ pub struct NginxConfigSection {
     /// nginx's levels: debug, info, notice, warn, error, crit, alert, emerg (APISIX default warn).
     pub error_log_level: String,
     pub http: NginxHttpSection,
+    /// `nginx_config.stream`: the stream proxy's access log.
+    pub stream: NginxStreamSection,
+}
+
+/// APISIX's default `nginx_config.stream.access_log_format` (apisix/cli/config.lua).
+pub const DEFAULT_STREAM_ACCESS_LOG_FORMAT: &str =
+    "$remote_addr [$time_local] $protocol $status $bytes_sent $bytes_received $session_time";
+
+/// `nginx_config.stream`: the stream (L4) access log, off by default as in APISIX.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NginxStreamSection {
+    pub enable_access_log: bool,
+    /// A path or `/dev/stdout`; relative paths are taken from the prefix.
+    pub access_log: String,
+    /// nginx stream `log_format` with `$variables`.
+    pub access_log_format: String,
+    pub access_log_format_escape: String,
+}
+
+impl Default for NginxStreamSection {
+    fn default() -> Self {
+        NginxStreamSection {
+            enable_access_log: false,
+            access_log: "logs/access_stream.log".into(),
+            access_log_format: DEFAULT_STREAM_ACCESS_LOG_FORMAT.into(),
+            access_log_format_escape: "default".into(),
+        }
+    }
 }
 
 impl Default for NginxConfigSection {
@@ -264,6 +313,7 @@ impl Default for NginxConfigSection {
             error_log: None,
             error_log_level: "warn".into(),
             http: NginxHttpSection::default(),
+            stream: NginxStreamSection::default(),
         }
     }
 }

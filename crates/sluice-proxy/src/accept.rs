@@ -27,11 +27,38 @@ pub enum ListenerKind {
     Stream,
     /// An L4 stream listener terminating TLS with the `ssls` certificates (`stream_proxy.tcp` `{tls: true}`).
     StreamTls,
+    /// `Plain`, `Tls`, `Stream` or `StreamTls` behind a PROXY protocol sender (APISIX `apisix.proxy_protocol`):
+    /// each connection opens with a PROXY header, whose source address becomes the client's.
+    ProxyProtocol(Behind),
+}
+
+/// The listener kinds a PROXY header can precede.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behind {
+    Plain,
+    Tls,
+    Stream,
+    StreamTls,
+}
+
+impl ListenerKind {
+    /// `kind`, behind a PROXY protocol sender when `pp` (kinds without a PROXY variant stay as they are).
+    pub fn with_proxy_protocol(self, pp: bool) -> ListenerKind {
+        let behind = match self {
+            _ if !pp => return self,
+            ListenerKind::Plain => Behind::Plain,
+            ListenerKind::Tls => Behind::Tls,
+            ListenerKind::Stream => Behind::Stream,
+            ListenerKind::StreamTls => Behind::StreamTls,
+            other => return other,
+        };
+        ListenerKind::ProxyProtocol(behind)
+    }
 }
 
 pub(crate) async fn serve(
-    stream: TcpStream,
-    peer: SocketAddr,
+    mut stream: TcpStream,
+    mut peer: SocketAddr,
     local: SocketAddr,
     kind: ListenerKind,
     slot: Rc<Slot>,
@@ -39,6 +66,25 @@ pub(crate) async fn serve(
 ) {
     use crate::h2::Opening;
     let t = w.shared.cfg.header_timeout;
+    let kind = match kind {
+        // The header first (within the header timeout); then the listener's own protocol, from the client it names.
+        ListenerKind::ProxyProtocol(behind) => {
+            match crate::proxy_protocol::read_header(&mut stream, peer, t).await {
+                Ok(client) => peer = client,
+                Err(why) => {
+                    tracing::debug!(%peer, why, "PROXY protocol: closing the connection");
+                    return;
+                }
+            }
+            match behind {
+                Behind::Plain => ListenerKind::Plain,
+                Behind::Tls => ListenerKind::Tls,
+                Behind::Stream => ListenerKind::Stream,
+                Behind::StreamTls => ListenerKind::StreamTls,
+            }
+        }
+        k => k,
+    };
     let http1 = |stream, slot, w| Conn::new(stream, peer, local, "http", w).with_slot(slot);
     // An h2 connection multiplexes requests: never evicted for a newcomer once it has opened.
     let h2 = |stream, slot: Rc<Slot>, w| {
@@ -65,5 +111,7 @@ pub(crate) async fn serve(
             Opening::H2 => h2(stream, slot, w).await,
             _ => crate::h2::refuse(stream).await,
         },
+        // Replaced by the kind behind it above.
+        ListenerKind::ProxyProtocol(_) => {}
     }
 }

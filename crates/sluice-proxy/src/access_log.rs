@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub(crate) use format::{time_local, Line, Try, Upstream};
 pub use format::{Escape, Format};
-pub(crate) use format::{Line, Try, Upstream};
 use sluice_model::NodeConfig;
 
 /// How often a worker hands over a partly filled buffer, and how often the writer looks at the reopen flag.
@@ -306,6 +306,18 @@ impl Local {
             return;
         };
         self.sink.format.render(line, &mut b);
+        self.lines.set(self.lines.get() + 1);
+        if b.len() >= self.sink.buffer {
+            self.hand_over(&mut b);
+        }
+    }
+
+    /// Appends what `render` writes as one line (the stream access log's own format); same hand-over.
+    pub fn log_with(&self, render: impl FnOnce(&mut Vec<u8>)) {
+        let Ok(mut b) = self.buf.try_borrow_mut() else {
+            return;
+        };
+        render(&mut b);
         self.lines.set(self.lines.get() + 1);
         if b.len() >= self.sink.buffer {
             self.hand_over(&mut b);

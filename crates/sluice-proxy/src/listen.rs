@@ -13,7 +13,9 @@ pub const DEFAULT_TLS_PORT: u16 = 9443;
 
 /// Every data-plane listen address with its kind: `node_listen` entries as `Plain`, then `apisix.ssl.listen` as
 /// `Tls`. `apisix.ssl.enable` defaults to true and `listen` to `[{ip: 0.0.0.0, port: 9443}]`, as in APISIX's
-/// config-default.yaml; entries are `{ip, port}` objects or bare ports.
+/// config-default.yaml; entries are `{ip, port}` objects or bare ports. Then `apisix.proxy_protocol`'s
+/// `listen_http_port` and `listen_https_port` (all interfaces, as APISIX's `listen PORT proxy_protocol`), which must
+/// differ from the other ports.
 pub fn listen_addrs(node: &NodeConfig) -> Result<Vec<(SocketAddr, ListenerKind)>, String> {
     let mut out = node
         .apisix
@@ -22,6 +24,21 @@ pub fn listen_addrs(node: &NodeConfig) -> Result<Vec<(SocketAddr, ListenerKind)>
         .map(|l| l.socket_addr().map(|a| (a, ListenerKind::Plain)))
         .collect::<Result<Vec<_>, _>>()?;
     out.extend(tls_addrs(node.apisix.ssl.as_ref())?);
+    if let Some(pp) = &node.apisix.proxy_protocol {
+        for (port, kind, key) in [
+            (pp.listen_http_port, ListenerKind::Plain, "listen_http_port"),
+            (pp.listen_https_port, ListenerKind::Tls, "listen_https_port"),
+        ] {
+            let Some(port) = port else { continue };
+            if out.iter().any(|(a, _)| a.port() == port) {
+                return Err(format!(
+                    "apisix.proxy_protocol.{key}: port {port} is already a listener of node_listen or ssl.listen"
+                ));
+            }
+            let addr = SocketAddr::from(([0, 0, 0, 0], port));
+            out.push((addr, kind.with_proxy_protocol(true)));
+        }
+    }
     Ok(out)
 }
 
@@ -86,5 +103,32 @@ mod tests {
         assert_eq!(tls, ["0.0.0.0:8443", "127.0.0.1:9444", "0.0.0.0:7443"]);
         assert!(listen_addrs(&node(Some(json!({"listen": [{"port": 70000}]})))).is_err());
         assert!(listen_addrs(&node(Some(json!({"listen": [{"ip": "x", "port": 1}]})))).is_err());
+    }
+
+    #[test]
+    fn proxy_protocol_ports_are_extra_listeners() {
+        let mut n = node(None);
+        n.apisix.proxy_protocol = Some(sluice_model::ProxyProtocolSection {
+            listen_http_port: Some(9181),
+            listen_https_port: Some(9182),
+            ..Default::default()
+        });
+        let all = listen_addrs(&n).unwrap();
+        assert_eq!(
+            all[2..],
+            [
+                (
+                    "0.0.0.0:9181".parse().unwrap(),
+                    ListenerKind::ProxyProtocol(crate::accept::Behind::Plain)
+                ),
+                (
+                    "0.0.0.0:9182".parse().unwrap(),
+                    ListenerKind::ProxyProtocol(crate::accept::Behind::Tls)
+                ),
+            ]
+        );
+        // Not a port the plain listeners already have.
+        n.apisix.proxy_protocol.as_mut().unwrap().listen_http_port = Some(9080);
+        assert!(listen_addrs(&n).is_err());
     }
 }

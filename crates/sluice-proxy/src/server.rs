@@ -48,6 +48,10 @@ pub struct ProxyConfig {
     pub normalize_uri_like_servlet: bool,
     /// Where workers send access log lines (`None`: no access log). The binary opens it ([`crate::AccessLog`]).
     pub access_log: Option<crate::AccessLogHandle>,
+    /// APISIX `proxy_protocol.enable_tcp_pp_to_upstream`: stream upstream connections open with a PROXY v1 header.
+    pub proxy_protocol_to_upstream: bool,
+    /// The stream access log (`nginx_config.stream`): its writer (opened by the binary) and line format.
+    pub stream_access_log: Option<(crate::AccessLogHandle, Arc<crate::StreamFormat>)>,
 }
 
 impl Default for ProxyConfig {
@@ -79,6 +83,12 @@ impl ProxyConfig {
                 .map(|v| v.to_ascii_lowercase().into()),
             normalize_uri_like_servlet: n.apisix.normalize_uri_like_servlet,
             access_log: None,
+            proxy_protocol_to_upstream: n
+                .apisix
+                .proxy_protocol
+                .as_ref()
+                .is_some_and(|p| p.enable_tcp_pp_to_upstream),
+            stream_access_log: None,
         }
     }
 }
@@ -112,6 +122,8 @@ pub(crate) struct Worker {
     pub slots: Slots,
     /// This worker's access log buffer.
     pub log: Option<crate::access_log::Local>,
+    /// This worker's stream access log buffer.
+    pub stream_log: Option<crate::access_log::Local>,
     /// This worker's live counters for the current second (its own: no lock).
     pub stats: std::cell::RefCell<sluice_stats::Local>,
     /// Connection buffers of finished connections and h2 streams, for the next ones.
@@ -430,6 +442,11 @@ fn worker_main(
                 .access_log
                 .as_ref()
                 .map(crate::access_log::Local::new),
+            stream_log: shared
+                .cfg
+                .stream_access_log
+                .as_ref()
+                .map(|(h, _)| crate::access_log::Local::new(h)),
             stats: Default::default(),
             bufs: Default::default(),
         });
@@ -446,7 +463,7 @@ fn worker_main(
                 }
             });
         }
-        if worker.log.is_some() {
+        if worker.log.is_some() || worker.stream_log.is_some() {
             let w = worker.clone();
             // Lines of a quiet worker still reach the file within a second. The task ends with the runtime.
             tokio::task::spawn_local(async move {
@@ -454,6 +471,9 @@ fn worker_main(
                 loop {
                     tick.tick().await;
                     if let Some(l) = &w.log {
+                        l.tick();
+                    }
+                    if let Some(l) = &w.stream_log {
                         l.tick();
                     }
                 }
@@ -492,6 +512,9 @@ fn worker_main(
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         if let Some(l) = &worker.log {
+            l.finish();
+        }
+        if let Some(l) = &worker.stream_log {
             l.finish();
         }
     });

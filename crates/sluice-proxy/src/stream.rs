@@ -27,6 +27,7 @@ use sluice_plugins::stream::StreamChain;
 
 use crate::snapshot::UpstreamRt;
 
+pub mod log;
 pub(crate) mod sni;
 pub(crate) mod tcp;
 pub(crate) mod udp;

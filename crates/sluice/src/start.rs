@@ -76,13 +76,19 @@ pub fn run(
     } else {
         sluice_proxy::listen_addrs(&node)?
     };
+    // `proxy_protocol.enable_tcp_pp`: every stream TCP listener takes a PROXY header first.
+    let tcp_pp = node
+        .apisix
+        .proxy_protocol
+        .as_ref()
+        .is_some_and(|p| p.enable_tcp_pp);
     addrs.extend(stream.tcp.iter().map(|&(a, tls)| {
         let kind = if tls {
             ListenerKind::StreamTls
         } else {
             ListenerKind::Stream
         };
-        (a, kind)
+        (a, kind.with_proxy_protocol(tcp_pp))
     }));
     instance::ports_free(&addrs.iter().map(|(a, _)| *a).collect::<Vec<_>>())?;
 
@@ -198,9 +204,21 @@ pub fn run(
             sluice_proxy::AccessLogConfig::from_node(&node, &crate::logging::prefix(&config))?
                 .map(sluice_proxy::AccessLog::open)
                 .transpose()?;
+        // The stream access log (nginx_config.stream), a writer of its own.
+        let stream_log = if stream.tcp.is_empty() {
+            None
+        } else {
+            sluice_proxy::stream_access_log(&node, &crate::logging::prefix(&config))?
+                .map(|(cfg, f)| sluice_proxy::AccessLog::open(cfg).map(|l| (l, Arc::new(f))))
+                .transpose()?
+        };
         let mut proxy_cfg = ProxyConfig::from_node(&node);
         proxy_cfg.access_log = access_log.as_ref().map(|l| l.handle());
+        proxy_cfg.stream_access_log = stream_log.as_ref().map(|(l, f)| (l.handle(), f.clone()));
         tokio::spawn(crate::logging::reopen_on_usr1(proxy_cfg.access_log.clone()));
+        if let Some((h, _)) = &proxy_cfg.stream_access_log {
+            tokio::spawn(crate::logging::reopen_on_usr1(Some(h.clone())));
+        }
         let gateway = Gateway::new(proxy_cfg, snapshot);
         let running = gateway
             .start(listeners)
@@ -283,6 +301,9 @@ pub fn run(
                 tracing::info!("{sig}: fast shutdown, open connections are closed");
                 gateway.shutdown();
             }
+        }
+        if let Some((l, _)) = stream_log {
+            let _ = tokio::task::spawn_blocking(move || l.close()).await;
         }
         if let Some(l) = access_log {
             // Graceful: the workers handed their last lines over as they exited. Fast: what they had handed over

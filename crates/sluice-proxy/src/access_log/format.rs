@@ -467,7 +467,7 @@ fn secs_millis(out: &mut Vec<u8>, secs: u64, millis: u32) {
 
 /// `06/Nov/1994:08:49:37 +0000`, rearranged from the thread's cached `Date:` value (`Sun, 06 Nov 1994 08:49:37
 /// GMT`): no calendar arithmetic per request. Sluice logs UTC.
-fn time_local(out: &mut Vec<u8>) {
+pub(crate) fn time_local(out: &mut Vec<u8>) {
     let d = sluice_http::date::now();
     out.extend_from_slice(&d[5..7]);
     out.push(b'/');

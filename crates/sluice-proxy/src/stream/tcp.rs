@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::LazyConfigAcceptor;
 
+use super::log::Session;
 use super::StreamRt;
 use crate::server::Worker;
 use crate::slots::Slot;
@@ -91,15 +92,40 @@ pub(crate) async fn serve(
     proxy(stream, &prefix, r, peer, local, &w).await;
 }
 
-/// Plugins, upstream, then the copy.
+/// Plugins, upstream, then the copy; then the stream access log's line.
 async fn proxy<C: AsyncRead + AsyncWrite + Unpin>(
-    mut client: C,
+    client: C,
     prefix: &[u8],
     r: &StreamRt,
     peer: SocketAddr,
     local: SocketAddr,
-    _w: &Worker,
+    w: &Worker,
 ) {
+    let started = Instant::now();
+    let mut s = Session {
+        peer,
+        local,
+        status: 200,
+        bytes_sent: 0,
+        bytes_received: 0,
+        time: Duration::ZERO,
+        upstream: None,
+    };
+    proxy_session(client, prefix, r, &mut s, w).await;
+    if let (Some(log), Some((_, format))) = (&w.stream_log, &w.shared.cfg.stream_access_log) {
+        s.time = started.elapsed();
+        log.log_with(|out| format.render(&s, out));
+    }
+}
+
+async fn proxy_session<C: AsyncRead + AsyncWrite + Unpin>(
+    mut client: C,
+    prefix: &[u8],
+    r: &StreamRt,
+    s: &mut Session,
+    w: &Worker,
+) {
+    let (peer, local) = (s.peer, s.local);
     // Slots limit-conn holds for this connection; released when it ends.
     let mut held = StreamHeld::default();
     if let Some(chain) = &r.plugins {
@@ -111,12 +137,15 @@ async fn proxy<C: AsyncRead + AsyncWrite + Unpin>(
         match chain.preread(&c, &mut held) {
             Preread::Close(by) => {
                 tracing::debug!(%peer, route = &*r.id, plugin = by, "stream: refused by plugin");
+                // nginx stream's statuses: limit_conn's 503, access's 403.
+                s.status = if by == "limit-conn" { 503 } else { 403 };
                 return;
             }
             Preread::Continue(d) if !d.is_zero() => tokio::time::sleep(d).await,
             Preread::Continue(_) => {}
         }
     }
+    s.status = 502;
     let Some(up) = r.upstream.as_deref() else {
         tracing::warn!(
             route = &*r.id,
@@ -128,16 +157,41 @@ async fn proxy<C: AsyncRead + AsyncWrite + Unpin>(
         tracing::warn!(route = &*r.id, why = &**why, "stream: no upstream node");
         return;
     }
-    let Some((node, upstream)) = connect(up, r, peer).await else {
+    let pp = w
+        .shared
+        .cfg
+        .proxy_protocol_to_upstream
+        .then(|| crate::proxy_protocol::v1_header(peer, local));
+    let Some((node, upstream)) = connect(up, r, peer, pp.as_deref()).await else {
         return;
     };
+    s.status = 200;
+    s.upstream = Some(up.nodes[node].addr);
+    let (from_client, from_upstream) = (Cell::new(prefix.len() as u64), Cell::new(0));
     let res = match upstream {
-        Up::Plain(mut s) => {
-            let _ = s.set_nodelay(true);
-            pipe(&mut client, &mut s, prefix, r.idle_timeout).await
+        Up::Plain(mut u) => {
+            let _ = u.set_nodelay(true);
+            pipe(
+                &mut client,
+                &mut u,
+                prefix,
+                r.idle_timeout,
+                (&from_client, &from_upstream),
+            )
+            .await
         }
-        Up::Tls(mut s) => pipe(&mut client, &mut *s, prefix, r.idle_timeout).await,
+        Up::Tls(mut u) => {
+            pipe(
+                &mut client,
+                &mut *u,
+                prefix,
+                r.idle_timeout,
+                (&from_client, &from_upstream),
+            )
+            .await
+        }
     };
+    (s.bytes_received, s.bytes_sent) = (from_client.get(), from_upstream.get());
     if let Err(e) = res {
         tracing::debug!(%peer, route = &*r.id, node = %up.nodes[node].addr, error = %e, "stream: ended");
     }
@@ -151,7 +205,12 @@ enum Up {
 
 /// Picks a node and connects within the route's connect timeout; a node that fails is reported to passive
 /// health and the next one is tried, up to the upstream's `retries` (default: every other node).
-async fn connect(up: &UpstreamRt, r: &StreamRt, peer: SocketAddr) -> Option<(usize, Up)> {
+async fn connect(
+    up: &UpstreamRt,
+    r: &StreamRt,
+    peer: SocketAddr,
+    pp: Option<&str>,
+) -> Option<(usize, Up)> {
     let retries = up
         .retries
         .unwrap_or(up.nodes.len().saturating_sub(1) as u32);
@@ -176,7 +235,11 @@ async fn connect(up: &UpstreamRt, r: &StreamRt, peer: SocketAddr) -> Option<(usi
         let t0 = Instant::now();
         let node = &up.nodes[i];
         let res = tokio::time::timeout(r.connect_timeout, async {
-            let tcp = TcpStream::connect(node.addr).await?;
+            let mut tcp = TcpStream::connect(node.addr).await?;
+            // The PROXY header (`enable_tcp_pp_to_upstream`) goes first, before any TLS to the upstream.
+            if let Some(h) = pp {
+                tcp.write_all(h.as_bytes()).await?;
+            }
             match (&up.tls, &node.sni) {
                 (Some(cfg), Some(sni)) => {
                     let tls = tokio_rustls::TlsConnector::from(cfg.clone())
@@ -211,10 +274,12 @@ async fn connect(up: &UpstreamRt, r: &StreamRt, peer: SocketAddr) -> Option<(usi
     }
 }
 
-/// Counts successful reads, so the idle watchdog sees traffic without a clock read per read.
+/// Counts successful reads, so the idle watchdog sees traffic without a clock read per read, and the bytes read
+/// (the access log's `$bytes_received` / `$bytes_sent`).
 struct Tracked<'a, S> {
     inner: &'a mut S,
     moved: &'a Cell<u64>,
+    bytes: &'a Cell<u64>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Tracked<'_, S> {
@@ -225,8 +290,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<'_, S> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut *self.inner).poll_read(cx, buf);
-        if buf.filled().len() != before {
+        let n = buf.filled().len() - before;
+        if n != 0 {
             self.moved.set(self.moved.get() + 1);
+            self.bytes.set(self.bytes.get() + n as u64);
         }
         r
     }
@@ -250,11 +317,13 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<'_, S> {
 
 /// Copies both ways until both directions ended (each end passed on as a shutdown of the other side's write
 /// half) or nothing moved either way for `idle` (checked every `idle / 8`, so it fires within `idle * 9/8`).
+/// `read` counts the bytes read from `a` and from `b`.
 pub(crate) async fn pipe<A, B>(
     a: &mut A,
     b: &mut B,
     prefix: &[u8],
     idle: Duration,
+    read: (&Cell<u64>, &Cell<u64>),
 ) -> io::Result<(u64, u64)>
 where
     A: AsyncRead + AsyncWrite + Unpin,
@@ -267,10 +336,12 @@ where
     let mut ta = Tracked {
         inner: a,
         moved: &moved,
+        bytes: read.0,
     };
     let mut tb = Tracked {
         inner: b,
         moved: &moved,
+        bytes: read.1,
     };
     let copy = tokio::io::copy_bidirectional_with_sizes(&mut ta, &mut tb, BUF, BUF);
     let watchdog = async {

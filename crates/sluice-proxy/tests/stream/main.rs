@@ -618,3 +618,5 @@ fn limit_conn_bounds_a_flood_and_ip_restriction_refuses() {
     assert_eq!(name_via(gw.tcp, Some("127.0.0.1")), "");
     assert_eq!(echo.accepted.load(Ordering::SeqCst), before);
 }
+mod access_log;
+mod proxy_protocol;
