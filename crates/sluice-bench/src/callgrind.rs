@@ -85,6 +85,8 @@ fn one(ctx: &Ctx, s: &Scenario, kind: TargetKind, mock: &Mock) -> Result<RunResu
         peak_rss_kib: None,
         instructions_per_req: Some(ir as f64 / done as f64),
         pct_of_baseline: None,
+        noise: None,
+        contaminated: false,
     })
 }
 
