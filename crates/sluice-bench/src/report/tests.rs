@@ -282,7 +282,7 @@ fn noisy(rps: f64, p99: f64, foreign: f64) -> RunResult {
 #[test]
 fn contaminated_rounds_are_flagged_noted_and_left_out_of_the_median() {
     let mut r = report();
-    // Recorded shape: rounds 1 and 3 clean (2% and 4% foreign), round 2 beside a busy loop (95%).
+    // Rounds 1 and 3 clean (2% and 4% foreign), round 2 beside a busy loop (95%).
     r.scenarios[1].results[0] = target(
         "sluice",
         vec![
