@@ -18,8 +18,10 @@ RUN_PKGS := $(BUILD_PKGS) curl
 # test provider (crates/sluice-proxy/tools/dubbo-java-peer, dependencies from Maven Central).
 TEST_PKGS := $(BUILD_PKGS) etcd-server redis-server nginx haproxy wrk nghttp2-client curl openssl procps util-linux python3-venv \
   openjdk-17-jdk-headless maven zookeeper dnsmasq-base iproute2
-# The dubbo scenario (docs/benchmark.md) also runs Zookeeper for Pixiu, inside a network namespace (unshare, ip).
-BENCH_PKGS := $(BUILD_PKGS) nginx haproxy wrk nghttp2-client valgrind zookeeper openjdk-17-jdk-headless util-linux iproute2
+# The dubbo scenario (docs/benchmark.md) also runs Zookeeper for Pixiu, inside a network namespace (unshare, ip);
+# `--preset ngxway` drives ApacheBench (apache2-utils).
+BENCH_PKGS := $(BUILD_PKGS) nginx haproxy wrk nghttp2-client valgrind zookeeper openjdk-17-jdk-headless util-linux iproute2 \
+  apache2-utils
 
 .PHONY: run test lint build bench deps-test deps-run deps-bench deps-go deps-ui ui test-ui ui-screenshots clean-data
 

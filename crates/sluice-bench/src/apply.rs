@@ -160,6 +160,7 @@ fn apply_rounds(
         pinned_cpus: st.run.pinned.clone(),
         rounds: Vec::new(),
         median: None,
+        idle_rss_kib: None,
     };
     let upstream = st.upstream;
     let timeout = Duration::from_secs(60);
@@ -250,6 +251,7 @@ fn writes_rounds(
         pinned_cpus: st.run.pinned.clone(),
         rounds: Vec::new(),
         median: None,
+        idle_rss_kib: None,
     };
     let (mut quiet, mut busy) = (mk("builtin"), mk(&label));
     let upstream = st.upstream;

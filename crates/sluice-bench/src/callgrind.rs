@@ -63,7 +63,8 @@ fn one(ctx: &Ctx, s: &Scenario, kind: TargetKind, mock: &Mock) -> Result<RunResu
         Stop::Duration(_) => 20_000,
     };
     let mut spec = LoadSpec::new(t.addr, PATH, s.concurrency, Stop::Requests(2_000));
-    spec.headers = gateway::request_headers(s);
+    spec.headers = gateway::load_headers(s);
+    spec.spread = gateway::spread(s);
     spec.timeout = Duration::from_secs(30);
     run_load(&spec)?;
     control(&["-z", &pid.to_string()])?;
@@ -85,6 +86,8 @@ fn one(ctx: &Ctx, s: &Scenario, kind: TargetKind, mock: &Mock) -> Result<RunResu
         peak_rss_kib: None,
         instructions_per_req: Some(ir as f64 / done as f64),
         pct_of_baseline: None,
+        noise: None,
+        contaminated: false,
     })
 }
 

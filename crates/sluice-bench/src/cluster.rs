@@ -313,6 +313,7 @@ fn target(name: &str, driver: &str, ctx: &Ctx) -> TargetResult {
         pinned_cpus: ctx.pin_gateway.clone(),
         rounds: Vec::new(),
         median: None,
+        idle_rss_kib: None,
     }
 }
 
@@ -704,6 +705,8 @@ fn phase(
             peak_rss_kib: peak_rss_kib_tree(dp_pids[i]),
             instructions_per_req: None,
             pct_of_baseline: None,
+            noise: None,
+            contaminated: false,
             origin_cpu_us_per_req: None,
         });
     }

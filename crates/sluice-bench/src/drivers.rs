@@ -17,6 +17,8 @@ pub enum Driver {
     Builtin,
     Wrk,
     H2load,
+    /// ApacheBench (`ab -k -n N -c C`, Debian's apache2-utils): count-bound runs only (ngxway's method).
+    Ab,
 }
 
 impl Driver {
@@ -25,6 +27,7 @@ impl Driver {
             Driver::Builtin => "builtin",
             Driver::Wrk => "wrk",
             Driver::H2load => "h2load",
+            Driver::Ab => "ab",
         }
     }
 }
@@ -162,6 +165,90 @@ fn parse_size(s: &str) -> Option<u64> {
     Some((num.parse::<f64>().ok()? * mul as f64) as u64)
 }
 
+/// Runs `ab -k -n N -c C` (keep-alive, HTTP/1.0 as ab speaks it) against `addr` + `path`.
+pub fn ab(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(String, String)],
+    conns: usize,
+    requests: u64,
+) -> Result<Measured, String> {
+    let mut cmd = Command::new("ab");
+    cmd.args(["-k", "-q", "-s", "5"])
+        .arg("-n")
+        .arg(requests.max(conns as u64).to_string())
+        .arg("-c")
+        .arg(conns.max(1).to_string());
+    for (k, v) in headers {
+        cmd.arg("-H").arg(format!("{k}: {v}"));
+    }
+    cmd.arg(format!("http://{addr}{path}"));
+    let out = cmd.output().map_err(|e| format!("ab: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "ab failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    parse_ab(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Parses ab's summary: counts, time taken, bytes, and its percentile table (whole milliseconds).
+pub fn parse_ab(text: &str) -> Result<Measured, String> {
+    let mut m = Measured::default();
+    let mut complete = None;
+    let mut failed = 0u64;
+    for line in text.lines().map(str::trim) {
+        let value = |prefix: &str| {
+            line.strip_prefix(prefix)
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        if let Some(v) = value("Complete requests:") {
+            complete = Some(v as u64);
+        } else if let Some(v) = value("Failed requests:") {
+            failed = v as u64;
+        } else if let Some(v) = value("Non-2xx responses:") {
+            m.errors.non_2xx = v as u64;
+        } else if let Some(v) = value("Time taken for tests:") {
+            m.elapsed = Duration::from_secs_f64(v.max(1e-9));
+        } else if let Some(v) = value("Total transferred:") {
+            m.bytes = v as u64;
+        } else if let Some(v) = value("HTML transferred:") {
+            m.data_bytes = v as u64;
+        } else if let Some((p, rest)) = line.split_once('%') {
+            let ms = rest
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<f64>().ok());
+            if let Some(ms) = ms {
+                let us = ms * 1000.0;
+                match p.trim() {
+                    "50" => m.latency.p50 = us,
+                    "75" => m.latency.p75 = us,
+                    "90" => m.latency.p90 = us,
+                    "99" => m.latency.p99 = us,
+                    "100" => m.latency.max = us,
+                    _ => {}
+                }
+            }
+        } else if line.starts_with("Total:") {
+            // "Total:          0    1   0.4      1       9": min mean sd median max (ms).
+            if let Some(mean) = line
+                .split_whitespace()
+                .nth(2)
+                .and_then(|v| v.parse::<f64>().ok())
+            {
+                m.latency.mean = mean * 1000.0;
+            }
+        }
+    }
+    m.requests = complete.ok_or("ab output has no request count")?;
+    // ab counts a length mismatch as failed too; only the complete ones are answers.
+    m.errors.io += failed;
+    Ok(m)
+}
+
 /// Runs `h2load [--h1] -c C -t T -D secs` against `addr` + `path` (h2c prior knowledge without `--h1`).
 pub fn h2load(
     addr: SocketAddr,
@@ -244,6 +331,71 @@ pub fn parse_h2load(text: &str, duration: Duration) -> Result<Measured, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ab -q -s 5 -n 2000 -c 8 http://127.0.0.1:<mock>/hello` against `sluice mock`, on this machine.
+    const AB: &str = "This is ApacheBench, Version 2.3 <$Revision$>
+Benchmarking 127.0.0.1 (be patient).....done
+
+
+Server Software:        sluice-mock
+Server Hostname:        127.0.0.1
+Server Port:            44649
+
+Document Path:          /hello
+Document Length:        1024 bytes
+
+Concurrency Level:      8
+Time taken for tests:   0.206 seconds
+Complete requests:      2000
+Failed requests:        0
+Total transferred:      2262000 bytes
+HTML transferred:       2048000 bytes
+Requests per second:    9698.47 [#/sec] (mean)
+Time per request:       0.825 [ms] (mean)
+Time per request:       0.103 [ms] (mean, across all concurrent requests)
+Transfer rate:          10711.89 [Kbytes/sec] received
+
+Connection Times (ms)
+              min  mean[+/-sd] median   max
+Connect:        0    0   0.3      0       9
+Processing:     0    1   0.4      0       4
+Waiting:        0    0   0.3      0       4
+Total:          0    1   0.4      1      10
+
+Percentage of the requests served within a certain time (ms)
+  50%      1
+  66%      1
+  75%      1
+  80%      1
+  90%      1
+  95%      1
+  98%      2
+  99%      3
+ 100%     10 (longest request)
+";
+
+    #[test]
+    fn parses_ab() {
+        let m = parse_ab(AB).expect("parse");
+        assert_eq!(m.requests, 2000);
+        assert_eq!(m.elapsed, Duration::from_secs_f64(0.206));
+        assert_eq!((m.bytes, m.data_bytes), (2_262_000, 2_048_000));
+        assert_eq!(
+            (m.latency.p50, m.latency.p90, m.latency.p99, m.latency.max),
+            (1000.0, 1000.0, 3000.0, 10_000.0)
+        );
+        assert_eq!(m.latency.mean, 1000.0);
+        assert_eq!(m.errors, Errors::default());
+        let bad = AB
+            .replace("Failed requests:        0", "Failed requests:        7")
+            .replace(
+                "Transfer rate:",
+                "Non-2xx responses:      5\nTransfer rate:",
+            );
+        let m = parse_ab(&bad).expect("parse");
+        assert_eq!((m.errors.io, m.errors.non_2xx), (7, 5));
+        assert!(parse_ab("ab: invalid URL").is_err());
+    }
 
     const WRK: &str = "Running 1s test @ http://127.0.0.1:19801/hello
   1 threads and 8 connections

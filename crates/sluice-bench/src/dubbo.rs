@@ -611,6 +611,8 @@ fn measure_gateway(
         peak_rss_kib: peak_rss_kib_tree(gw),
         instructions_per_req: None,
         pct_of_baseline: None,
+        noise: None,
+        contaminated: false,
     })
 }
 
@@ -693,6 +695,8 @@ fn measure_direct(
             peak_rss_kib: None,
             instructions_per_req: None,
             pct_of_baseline: None,
+            noise: None,
+            contaminated: false,
         },
         r.cpu_s * 1e6 / r.requests as f64,
     ))

@@ -26,6 +26,54 @@ pub fn request_headers(s: &Scenario) -> Vec<(String, String)> {
     h
 }
 
+/// The uri of route `id` (1-based) as `standalone_yaml` writes it.
+pub fn route_uri(id: usize) -> String {
+    if id == 1 {
+        PATH.to_string()
+    } else {
+        format!("/r/{id}")
+    }
+}
+
+/// The key of consumer `i` (0-based) as `standalone_yaml` writes it: `jack` has `auth-one`, `user{i}` has
+/// `auth-{i}`.
+pub fn consumer_key(i: usize) -> String {
+    if i == 0 {
+        API_KEY.to_string()
+    } else {
+        format!("auth-{i}")
+    }
+}
+
+/// Headers of the load itself: `request_headers` without the key when the scenario rotates keys.
+pub fn load_headers(s: &Scenario) -> Vec<(String, String)> {
+    if s.spread && !spread(s).is_empty() {
+        s.extra_headers.clone()
+    } else {
+        request_headers(s)
+    }
+}
+
+/// The rotation of a `spread` scenario (empty otherwise): entry k is route k mod routes, with consumer
+/// k mod consumers' key when the plugins want one; max(routes, consumers) entries.
+pub fn spread(s: &Scenario) -> Vec<(String, Vec<(String, String)>)> {
+    if !s.spread {
+        return Vec::new();
+    }
+    let routes = s.routes.max(1);
+    let keys = s.consumers.max(1);
+    (0..routes.max(keys))
+        .map(|k| {
+            let h = if s.plugins.needs_key() {
+                vec![("apikey".to_string(), consumer_key(k % keys))]
+            } else {
+                Vec::new()
+            };
+            (route_uri(k % routes + 1), h)
+        })
+        .collect()
+}
+
 /// Worker count as the gateway config spells it.
 fn workers_value(w: Workers) -> &'static str {
     match w {
@@ -96,11 +144,7 @@ pub fn standalone_yaml(s: &Scenario, upstream: SocketAddr, keepalive: usize) -> 
         None => plugins_yaml(s.plugins),
     };
     for i in 1..=s.routes.max(1) {
-        let uri = if i == 1 {
-            PATH.to_string()
-        } else {
-            format!("/r/{i}")
-        };
+        let uri = route_uri(i);
         let _ = write!(
             y,
             "  - id: {i}\n    uri: {uri}\n{plugins}    upstream:\n      type: roundrobin\n      nodes:\n        \"{upstream}\": 1\n      keepalive_pool: {{size: {keepalive}, idle_timeout: 60, requests: 100000}}\n"
@@ -155,6 +199,59 @@ pub fn nginx_conf(
         if master { "on" } else { "off" },
         if h2c { " http2" } else { "" }
     )
+}
+
+/// The plain `location / { proxy_pass ... }` block of `nginx_conf`.
+const NGINX_PLAIN_LOCATION: &str = "    location / {\n      proxy_pass http://backend;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }\n";
+
+/// nginx doing what the scenario's plugins do, as far as nginx can: one exact location per route (the
+/// routing work), key-auth as a `map` of the `apikey` header to a consumer with APISIX's 401s for a
+/// missing or unknown key, limit-count as `limit_req` on the client address with a rate it never reaches
+/// (a per-request counter, as limit-count's). prometheus has no nginx equivalent and is left out. `conf`
+/// is `nginx_conf`'s output; a scenario without plugins gets it back unchanged.
+pub fn nginx_with_plugins(conf: &str, s: &Scenario) -> String {
+    let names = s.plugins.names();
+    let key = names.contains(&"key-auth");
+    let count = names.contains(&"limit-count");
+    if !(key || count) || s.route_plugins.is_some() {
+        return conf.to_string();
+    }
+    let mut http = String::new();
+    if key {
+        http.push_str("  map $http_apikey $bench_consumer {\n    default \"\";\n");
+        for i in 0..s.consumers.max(1) {
+            let user = if i == 0 {
+                "jack".to_string()
+            } else {
+                format!("user{i}")
+            };
+            let _ = writeln!(http, "    \"{}\" {user};", consumer_key(i));
+        }
+        http.push_str("  }\n");
+    }
+    if count {
+        http.push_str(
+            "  limit_req_zone $binary_remote_addr zone=bench_count:1m rate=1000000r/s;\n",
+        );
+    }
+    let mut locs = String::new();
+    for i in 1..=s.routes.max(1) {
+        let _ = writeln!(locs, "    location = {} {{", route_uri(i));
+        if key {
+            locs.push_str("      if ($http_apikey = \"\") { return 401 '{\"message\":\"Missing API key in request\"}'; }\n");
+            locs.push_str("      if ($bench_consumer = \"\") { return 401 '{\"message\":\"Invalid API key in request\"}'; }\n");
+        }
+        if count {
+            locs.push_str("      limit_req zone=bench_count burst=1000000 nodelay;\n");
+        }
+        locs.push_str("      proxy_pass http://backend;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }\n");
+    }
+    conf.replacen(
+        "  upstream backend {",
+        &format!("{http}  upstream backend {{"),
+        1,
+    )
+    .replacen(NGINX_PLAIN_LOCATION, &locs, 1)
 }
 
 /// HAProxy as a plain proxy: same thread count, idle server connections kept and reused.
@@ -220,6 +317,75 @@ mod tests {
         );
         let y = standalone_yaml(&find("routes-100k"), up, 64);
         assert!(y.contains("uri: /r/100000\n"));
+    }
+
+    #[test]
+    fn spread_covers_every_route_and_consumer_key_of_the_config() {
+        let all = crate::scenario::all(Duration::from_secs(1));
+        let find = |n: &str| all.iter().find(|s| s.name == n).expect("scenario").clone();
+        let up: SocketAddr = "127.0.0.1:1980".parse().expect("addr");
+        let s = find("key-auth+limit-count-100");
+        let sp = spread(&s);
+        assert_eq!(sp.len(), 100);
+        let y = standalone_yaml(&s, up, 64);
+        let doc: serde_yaml::Value = serde_yaml::from_str(&y).expect("valid YAML");
+        let uris: std::collections::HashSet<&str> = doc["routes"]
+            .as_sequence()
+            .expect("routes")
+            .iter()
+            .filter_map(|r| r["uri"].as_str())
+            .collect();
+        let keys: std::collections::HashSet<&str> = doc["consumers"]
+            .as_sequence()
+            .expect("consumers")
+            .iter()
+            .filter_map(|c| c["plugins"]["key-auth"]["key"].as_str())
+            .collect();
+        let sent_uris: std::collections::HashSet<&str> =
+            sp.iter().map(|(p, _)| p.as_str()).collect();
+        let sent_keys: std::collections::HashSet<&str> =
+            sp.iter().map(|(_, h)| h[0].1.as_str()).collect();
+        assert_eq!(
+            sent_uris, uris,
+            "every route is hit and only configured ones"
+        );
+        assert_eq!(
+            sent_keys, keys,
+            "every consumer's key is sent and only configured ones"
+        );
+        assert!(sp.iter().all(|(_, h)| h.len() == 1 && h[0].0 == "apikey"));
+        // The load's own headers then carry no key (the rotation does); the probes keep one.
+        assert!(load_headers(&s).is_empty());
+        assert_eq!(request_headers(&s)[0].0, "apikey");
+        // limit-count-100: routes rotate, no key; 1-route scenarios do not rotate.
+        let lc = spread(&find("limit-count-100"));
+        assert!(lc.len() == 100 && lc.iter().all(|(_, h)| h.is_empty()));
+        assert!(spread(&find("key-auth+limit-count-1")).is_empty());
+        assert!(spread(&find("route-1")).is_empty());
+    }
+
+    #[test]
+    fn nginx_gets_the_plugin_equivalent() {
+        let all = crate::scenario::all(Duration::from_secs(1));
+        let find = |n: &str| all.iter().find(|s| s.name == n).expect("scenario").clone();
+        let up: SocketAddr = "127.0.0.1:1980".parse().expect("addr");
+        let plain = nginx_conf(Path::new("/tmp/x"), 9000, up, 1, 256, true, false);
+        assert!(plain.contains(NGINX_PLAIN_LOCATION));
+        assert_eq!(nginx_with_plugins(&plain, &find("route-1")), plain);
+        let c = nginx_with_plugins(&plain, &find("key-auth+limit-count-100"));
+        assert!(!c.contains("location / {"));
+        assert_eq!(c.matches("    location = ").count(), 100);
+        assert!(c.contains("    location = /hello {") && c.contains("    location = /r/100 {"));
+        assert!(c.contains("    \"auth-one\" jack;") && c.contains("    \"auth-99\" user99;"));
+        assert_eq!(c.matches("limit_req zone=bench_count").count(), 100);
+        assert!(c.contains("limit_req_zone $binary_remote_addr zone=bench_count"));
+        assert!(
+            c.contains("Missing API key in request") && c.contains("Invalid API key in request")
+        );
+        let k = nginx_with_plugins(&plain, &find("key-auth-1"));
+        assert!(k.contains("map $http_apikey") && !k.contains("limit_req"));
+        let l = nginx_with_plugins(&plain, &find("limit-count+prometheus-1"));
+        assert!(!l.contains("map $http_apikey") && l.contains("limit_req zone=bench_count"));
     }
 
     #[test]

@@ -667,6 +667,8 @@ fn measure(
         peak_rss_kib: sluice.and_then(peak_rss_kib_tree),
         instructions_per_req: None,
         pct_of_baseline: None,
+        noise: None,
+        contaminated: false,
     })
 }
 

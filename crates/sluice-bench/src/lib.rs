@@ -13,6 +13,8 @@ pub mod dubbo;
 pub mod gateway;
 pub mod grpc;
 pub mod loadgen;
+pub mod noise;
+pub mod preset;
 pub mod procinfo;
 pub mod procs;
 pub mod progress;
@@ -46,9 +48,18 @@ pub struct BenchArgs {
     /// Output directory for report.json, report.html and logs.
     #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
-    /// Measured time per run (default 3s for the short matrix, 10s with --full).
+    /// Measured time per run (default 10 s: long enough for a stable p99.9 and a foreign-CPU sample worth
+    /// a flag; `--quick` makes it 1 s).
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
+    /// Reproduce a published report's method and print its figure beside ours: apisix, api7, shenyu,
+    /// ngxway, pixiu (see docs/benchmark.md, "Presets").
+    #[arg(long, value_name = "NAME")]
+    pub preset: Option<String>,
+    /// A plumbing run, seconds not minutes: 1 s rounds (unless --duration), 0.2 s warm-up, 1 round,
+    /// count-bound runs capped at 10,000 requests. Its figures are not for comparison.
+    #[arg(long)]
+    pub quick: bool,
     /// Warm-up before each measured run (not counted).
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub warmup: Duration,
@@ -128,12 +139,30 @@ fn pin_choice(given: &Option<String>, default: Option<String>, no_pin: bool) -> 
 /// Runs the benchmark described by `args`; blocking.
 pub fn run(args: BenchArgs) -> Result<(), String> {
     let started = Instant::now();
-    let duration = args.duration.unwrap_or(if args.full {
-        Duration::from_secs(10)
+    let mut args = args;
+    if args.quick {
+        args.warmup = args.warmup.min(Duration::from_millis(200));
+        args.rounds = 1;
+    }
+    let duration = args.duration.unwrap_or(if args.quick {
+        Duration::from_secs(1)
     } else {
-        Duration::from_secs(3)
+        Duration::from_secs(10)
     });
-    let mut selected = scenario::select(&args.scenarios, args.full, duration)?;
+    let preset = args.preset.as_deref().map(preset::find).transpose()?;
+    let mut selected = match preset {
+        Some(p) => preset::expand(p, duration)?,
+        None => scenario::select(&args.scenarios, args.full, duration)?,
+    };
+    if args.quick {
+        for s in &mut selected {
+            if let loadgen::Stop::Requests(n) = s.stop {
+                let n = n.min(10_000);
+                s.stop = loadgen::Stop::Requests(n);
+                s.requests = Some(n);
+            }
+        }
+    }
     if args.callgrind && !selected.iter().any(|s| s.callgrind) {
         selected.extend(scenario::select(&["instructions".into()], false, duration)?);
     }
@@ -269,10 +298,15 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             h2c: ctx.h2c,
         },
         scenarios: reports,
+        preset: None,
     };
     report.compute_baselines();
+    report.preset = preset.map(|p| preset::PresetReport::new(p, &report.scenarios));
     report.write(&args.out)?;
     print!("{}", report.text_summary());
+    if let Some(p) = &report.preset {
+        print!("{}", p.text());
+    }
     eprintln!(
         "report: {}/report.html, {}/report.json",
         args.out.display(),

@@ -46,6 +46,11 @@ pub struct LoadSpec {
     pub warmup: Duration,
     /// Speak HTTP/2 over cleartext (prior knowledge), one stream at a time per connection.
     pub h2c: bool,
+    /// Request rotation (HTTP/1.1 only): when not empty, request k of a connection is
+    /// `spread[(first + k) % len]`, each entry a path and the headers sent besides `headers`; `first` is
+    /// the connection's index, so connections start on different entries. The requests are serialized
+    /// once before the run: rotating costs an index and a modulo per request, nothing else.
+    pub spread: Vec<(String, Vec<(String, String)>)>,
 }
 
 impl LoadSpec {
@@ -63,19 +68,31 @@ impl LoadSpec {
             timeout: Duration::from_secs(5),
             warmup: Duration::ZERO,
             h2c: false,
+            spread: Vec::new(),
         }
     }
 
-    fn request_bytes(&self) -> Vec<u8> {
+    fn request_bytes(&self, path: &str, extra: &[(String, String)]) -> Vec<u8> {
         let mut s = format!(
             "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: sluice-bench\r\n",
-            self.path, self.host
+            path, self.host
         );
-        for (k, v) in &self.headers {
+        for (k, v) in self.headers.iter().chain(extra) {
             s.push_str(&format!("{k}: {v}\r\n"));
         }
         s.push_str("\r\n");
         s.into_bytes()
+    }
+
+    /// Every request the run sends, serialized: one, or one per `spread` entry.
+    fn requests(&self) -> Vec<Box<[u8]>> {
+        if self.spread.is_empty() || self.h2c {
+            return vec![self.request_bytes(&self.path, &[]).into()];
+        }
+        self.spread
+            .iter()
+            .map(|(p, h)| self.request_bytes(p, h).into())
+            .collect()
     }
 }
 
@@ -158,7 +175,7 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult, String> {
         return Err("rate must be a positive number".into());
     }
     let threads = spec.threads.clamp(1, spec.connections);
-    let req: Arc<[u8]> = spec.request_bytes().into();
+    let req: Arc<[Box<[u8]>]> = spec.requests().into();
     let t0 = Instant::now() + Duration::from_millis(20);
     let (measure_from, end) = match spec.stop {
         Stop::Duration(d) => (t0 + spec.warmup, Some(t0 + spec.warmup + d)),
@@ -246,7 +263,7 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult, String> {
 async fn conn_task(
     idx: usize,
     spec: Rc<LoadSpec>,
-    req: Arc<[u8]>,
+    req: Arc<[Box<[u8]>]>,
     stats: Rc<RefCell<ThreadStats>>,
     win: Rc<Window>,
     shared: Arc<Shared>,
@@ -257,6 +274,8 @@ async fn conn_task(
     // Stagger connections over one interval so an open-loop run does not send in bursts.
     let mut next = interval.map(|iv| win.t0 + iv.mul_f64(idx as f64 / spec.connections as f64));
     let mut conn: Option<Conn> = None;
+    // Which request of `req` goes next (rotation; always 0 with one request).
+    let mut turn = idx;
     let before_end = |t: Instant| win.end.is_none_or(|e| t < e);
     tokio::time::sleep_until(win.t0.into()).await;
     loop {
@@ -300,7 +319,9 @@ async fn conn_task(
         };
         let sent = Instant::now();
         let base = scheduled.unwrap_or(sent);
-        let res = tokio::time::timeout(spec.timeout, c.exchange(&req, &spec.headers)).await;
+        let this = &req[turn % req.len()];
+        turn = turn.wrapping_add(1);
+        let res = tokio::time::timeout(spec.timeout, c.exchange(this, &spec.headers)).await;
         let done = Instant::now();
         if matches!(spec.stop, Stop::Requests(_)) {
             let ns = (done - win.t0).as_nanos() as u64;

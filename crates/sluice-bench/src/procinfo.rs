@@ -38,8 +38,21 @@ pub fn peak_rss_kib_tree(pid: u32) -> Option<u64> {
 }
 
 fn peak_rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmHWM:")
+}
+
+/// Sum of VmRSS (current resident set) over `pid` and its direct children, in KiB.
+pub fn rss_kib_tree(pid: u32) -> Option<u64> {
+    let mut total = status_kib(pid, "VmRSS:")?;
+    for c in children(pid) {
+        total += status_kib(c, "VmRSS:").unwrap_or(0);
+    }
+    Some(total)
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
@@ -174,6 +187,8 @@ mod tests {
         let own = cpu_ticks(pid).expect("stat");
         assert!(cpu_ticks_tree(pid).expect("stat") >= own);
         assert!(peak_rss_kib_tree(pid).expect("status") > 100);
+        let rss = rss_kib_tree(pid).expect("status");
+        assert!(rss > 100 && rss <= peak_rss_kib_tree(pid).expect("status"));
         assert!(cpu_ticks(u32::MAX).is_none());
         assert!(clock_ticks() >= 100);
     }

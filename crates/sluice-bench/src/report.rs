@@ -9,6 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::loadgen::Errors;
+use crate::noise::Noise;
 use crate::procinfo::Environment;
 use crate::scenario::Scenario;
 use crate::stats::{median, Latency};
@@ -37,6 +38,14 @@ pub struct RunResult {
     pub instructions_per_req: Option<f64>,
     /// rps as a percentage of the direct baseline at the same concurrency and mock delay.
     pub pct_of_baseline: Option<f64>,
+    /// Foreign CPU and load average over the round (see `noise`); absent for medians and where /proc is
+    /// not readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise: Option<Noise>,
+    /// The round's foreign CPU was above `noise::FOREIGN_CPU_THRESHOLD_PCT`: left out of the median
+    /// when at least one clean round exists.
+    #[serde(default)]
+    pub contaminated: bool,
 }
 
 /// One target (direct, sluice, nginx, haproxy) within a scenario.
@@ -52,6 +61,9 @@ pub struct TargetResult {
     pub pinned_cpus: Option<String>,
     pub rounds: Vec<RunResult>,
     pub median: Option<RunResult>,
+    /// Resident set of the target's process tree (VmRSS) once it answered, before any load, KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_rss_kib: Option<u64>,
 }
 
 impl TargetResult {
@@ -65,6 +77,7 @@ impl TargetResult {
             pinned_cpus: None,
             rounds: Vec::new(),
             median: None,
+            idle_rss_kib: None,
         }
     }
 
@@ -78,7 +91,26 @@ impl TargetResult {
             return;
         }
         self.status = "ok".into();
-        self.median = Some(median_run(&self.rounds));
+        for r in &mut self.rounds {
+            r.contaminated = r.noise.is_some_and(|n| n.contaminated());
+        }
+        // Contaminated rounds stay in `rounds` (flagged) but leave the median when a clean one exists.
+        let clean: Vec<RunResult> = self
+            .rounds
+            .iter()
+            .filter(|r| !r.contaminated)
+            .cloned()
+            .collect();
+        self.median = Some(median_run(if clean.is_empty() {
+            &self.rounds
+        } else {
+            &clean
+        }));
+        if clean.is_empty() {
+            if let Some(m) = self.median.as_mut() {
+                m.contaminated = true;
+            }
+        }
     }
 }
 
@@ -118,6 +150,8 @@ pub fn median_run(runs: &[RunResult]) -> RunResult {
         peak_rss_kib: mo(&|r| r.peak_rss_kib.map(|v| v as f64)).map(|v| v as u64),
         instructions_per_req: mo(&|r| r.instructions_per_req),
         pct_of_baseline: None,
+        noise: None,
+        contaminated: false,
     }
 }
 
@@ -163,6 +197,9 @@ pub struct Report {
     pub environment: Environment,
     pub settings: Settings,
     pub scenarios: Vec<ScenarioReport>,
+    /// `--preset`: the report's method, its published figures and ours beside them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preset: Option<crate::preset::PresetReport>,
 }
 
 impl Report {
@@ -221,6 +258,62 @@ impl Report {
                 }
             }
         }
+        self.noise_notes();
+    }
+
+    /// Notes that keep a reader from trusting what should not be trusted: contaminated rounds, and any
+    /// "% of direct" above 100 (a proxy in front of the mock cannot serve more than the mock alone: the
+    /// baseline was measured low).
+    fn noise_notes(&mut self) {
+        for s in &mut self.scenarios {
+            for t in &s.results {
+                let bad: Vec<String> = t
+                    .rounds
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.contaminated)
+                    .map(|(i, r)| {
+                        let n = r.noise.unwrap_or_default();
+                        format!(
+                            "round {} (foreign CPU {:.0}% of a CPU, load {:.2})",
+                            i + 1,
+                            n.foreign_cpu_pct,
+                            n.load_avg_1m
+                        )
+                    })
+                    .collect();
+                if !bad.is_empty() {
+                    let clean = t.rounds.len() - bad.len();
+                    s.notes.push(format!(
+                        "CONTAMINATED {} ({}): {} of {} rounds had foreign CPU above {:.0}% of a CPU: {}; {}",
+                        t.target,
+                        t.driver,
+                        bad.len(),
+                        t.rounds.len(),
+                        crate::noise::FOREIGN_CPU_THRESHOLD_PCT,
+                        bad.join(", "),
+                        if clean > 0 {
+                            format!("the median is over the {clean} clean round(s)")
+                        } else {
+                            "no clean round: the median is not to be trusted".into()
+                        }
+                    ));
+                }
+                if let Some(p) = t
+                    .median
+                    .as_ref()
+                    .and_then(|m| m.pct_of_baseline)
+                    .filter(|p| *p > 100.0)
+                {
+                    s.notes.push(format!(
+                        "WARNING {} at {p:.0}% of direct: above 100% means the direct baseline was measured \
+                         low (noise, or the generator/mock was the bottleneck there), not that a proxy beats no \
+                         proxy; do not read it as a gain",
+                        t.target
+                    ));
+                }
+            }
+        }
     }
 
     /// Writes DIR/report.json and DIR/report.html.
@@ -243,7 +336,7 @@ impl Report {
             .unwrap_or(0)
             .max(8);
         let mut out = format!(
-            "{:<26} {:<w$} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7}\n",
+            "{:<26} {:<w$} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7}  {}\n",
             "scenario",
             "target",
             "req/s",
@@ -252,13 +345,14 @@ impl Report {
             "max µs",
             "cpu|Ir",
             "errors",
-            "% base"
+            "% base",
+            "rounds: p99 µs (foreign CPU %), ! = contaminated"
         );
         for s in &self.scenarios {
             for t in &s.results {
                 match &t.median {
                     Some(m) => out.push_str(&format!(
-                        "{:<26} {:<w$} {:>10.0} {:>9.0} {:>9.0} {:>9.0} {:>8} {:>8} {:>7}\n",
+                        "{:<26} {:<w$} {:>10.0} {:>9.0} {:>9.0} {:>9.0} {:>8} {:>8} {:>7}  {}\n",
                         s.scenario.name,
                         t.target,
                         m.rps,
@@ -271,8 +365,13 @@ impl Report {
                             .unwrap_or("-".into()),
                         m.errors.non_2xx + m.errors.failures(),
                         m.pct_of_baseline
-                            .map(|v| format!("{v:.0}%"))
+                            .map(|v| if v > 100.0 {
+                                format!("{v:.0}%!")
+                            } else {
+                                format!("{v:.0}%")
+                            })
                             .unwrap_or("-".into()),
+                        rounds_text(&t.rounds),
                     )),
                     None => out.push_str(&format!(
                         "{:<26} {:<w$} skipped: {}\n",
@@ -291,6 +390,7 @@ impl Report {
                 ));
             }
         }
+        out.push_str(&self.scenario_summary());
         for s in &self.scenarios {
             for n in &s.notes {
                 out.push_str(&format!("{}: {n}\n", s.scenario.name));
@@ -298,6 +398,103 @@ impl Report {
         }
         out
     }
+
+    /// One line per scenario: Sluice's medians against the peers and the baseline, its costs, and how
+    /// many of its rounds were clean.
+    pub fn scenario_summary(&self) -> String {
+        let mut out = format!(
+            "\nsummary (Sluice per scenario){}\n{:<26} {:>10} {:>8} {:>8} {:>7} {:>9} {:>8} {:>9} {:>9} {:>9} {:>6}\n",
+            if self.environment.load_average.is_empty() {
+                String::new()
+            } else {
+                format!("; load average at start {}", self.environment.load_average)
+            },
+            "scenario",
+            "req/s",
+            "/nginx",
+            "/haproxy",
+            "% base",
+            "p99 µs",
+            "cpu µs",
+            "instr/req",
+            "idle MiB",
+            "peak MiB",
+            "clean"
+        );
+        let f = |v: Option<f64>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or("-".into());
+        for s in &self.scenarios {
+            let med = |name: &str| {
+                s.results
+                    .iter()
+                    .find(|t| t.target == name)
+                    .and_then(|t| t.median.as_ref())
+            };
+            let Some(t) = s.results.iter().find(|t| t.target == "sluice") else {
+                continue;
+            };
+            let Some(m) = &t.median else {
+                out.push_str(&format!(
+                    "{:<26} skipped: {}\n",
+                    s.scenario.name,
+                    t.skip_reason.as_deref().unwrap_or("?")
+                ));
+                continue;
+            };
+            // Throughput ratio for load runs; for instruction counts the ratio of instructions.
+            let ratio = |peer: &str| -> Option<f64> {
+                let p = med(peer)?;
+                match (m.instructions_per_req, p.instructions_per_req) {
+                    (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                    _ if p.rps > 0.0 => Some(m.rps / p.rps),
+                    _ => None,
+                }
+            };
+            let clean = t.rounds.iter().filter(|r| !r.contaminated).count();
+            out.push_str(&format!(
+                "{:<26} {:>10.0} {:>8} {:>8} {:>7} {:>9.0} {:>8} {:>9} {:>9} {:>9} {:>6}\n",
+                s.scenario.name,
+                m.rps,
+                f(ratio("nginx"), 2),
+                f(ratio("haproxy"), 2),
+                m.pct_of_baseline
+                    .map(|v| if v > 100.0 {
+                        format!("{v:.0}%!")
+                    } else {
+                        format!("{v:.0}%")
+                    })
+                    .unwrap_or("-".into()),
+                m.latency_us.p99,
+                f(m.cpu_us_per_req, 2),
+                f(m.instructions_per_req, 0),
+                f(t.idle_rss_kib.map(|k| k as f64 / 1024.0), 1),
+                f(m.peak_rss_kib.map(|k| k as f64 / 1024.0), 1),
+                format!("{clean}/{}", t.rounds.len())
+            ));
+        }
+        out.push_str(
+            "(/nginx, /haproxy: Sluice's req/s over the peer's, or its instructions/request over the peer's \
+             for the instructions scenario; ! = above 100% of direct, see the warning)\n",
+        );
+        out
+    }
+}
+
+/// Per-round p99 and foreign CPU, `!` on contaminated rounds: `812 (1%) 790 (2%) 1020 (35%)!`.
+fn rounds_text(rounds: &[RunResult]) -> String {
+    rounds
+        .iter()
+        .map(|r| {
+            format!(
+                "{:.0}{}{}",
+                r.latency_us.p99,
+                r.noise
+                    .map(|n| format!(" ({:.0}%)", n.foreign_cpu_pct))
+                    .unwrap_or_default(),
+                if r.contaminated { "!" } else { "" }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// UTC timestamp `YYYY-MM-DDTHH:MM:SSZ` without a date crate (days-from-civil inverse).

@@ -5,12 +5,14 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::drivers::{self, Driver};
 use crate::gateway::{self, PATH};
 use crate::loadgen::{run_load, LoadSpec, Stop};
-use crate::procinfo::{clock_ticks, cpu_ticks_tree, peak_rss_kib_tree};
+use crate::noise::Sampler;
+use crate::procinfo::{clock_ticks, cpu_ticks_tree, peak_rss_kib_tree, rss_kib_tree};
 use crate::procs::{free_port, installed, probe, probe_head, wait_ready, Proc, ReadyError};
 use crate::progress::Progress;
 use crate::report::{RunResult, ScenarioReport, TargetResult};
@@ -44,6 +46,10 @@ pub struct Ctx {
     pub cores: usize,
 }
 
+/// Pid of the mock the suite runs (0: none, or a given upstream): a measured round counts its CPU as the
+/// round's own, not foreign (see `noise`).
+static MOCK_PID: AtomicU32 = AtomicU32::new(0);
+
 /// The running mock (or a given upstream address).
 pub struct Mock {
     proc: Option<Proc>,
@@ -55,6 +61,7 @@ impl Mock {
     /// Reuses the current mock when its delay matches, else starts a fresh one.
     pub fn ensure(cur: Option<Mock>, ctx: &Ctx, s: &Scenario) -> Result<Mock, String> {
         if let Some(addr) = ctx.upstream {
+            MOCK_PID.store(0, Ordering::Relaxed);
             return Ok(Mock {
                 proc: None,
                 addr,
@@ -89,6 +96,7 @@ impl Mock {
         )?;
         wait_ready(addr, "/", &[], Some(&mut p), Duration::from_secs(10), false)
             .map_err(|e| format!("mock not ready: {e}"))?;
+        MOCK_PID.store(p.pid(), Ordering::Relaxed);
         Ok(Mock {
             proc: Some(p),
             addr,
@@ -234,6 +242,7 @@ pub fn start_target(
                     valgrind.is_none(),
                     ctx.h2c,
                 );
+                let conf = gateway::nginx_with_plugins(&conf, s);
                 gateway::write(&dir, "nginx.conf", &conf)?;
                 vec![
                     "nginx".into(),
@@ -261,7 +270,7 @@ pub fn start_target(
                 pin.as_deref(),
                 &dir.join(format!("{prog}.log")),
             )?;
-            wait_ready(addr, PATH, &[], Some(&mut p), limit, ctx.h2c)
+            wait_ready(addr, PATH, &headers, Some(&mut p), limit, ctx.h2c)
                 .map_err(|e| format!("{prog} not ready: {e}"))?;
             Ok(Running {
                 kind,
@@ -323,9 +332,10 @@ fn skip_reason(s: &Scenario, e: &ReadyError) -> String {
 
 /// One measured run against a ready target (warm-up first, then CPU sampled around the run).
 pub fn measure(ctx: &Ctx, s: &Scenario, t: &Running, driver: Driver) -> Result<RunResult, String> {
-    let headers = gateway::request_headers(s);
+    let headers = gateway::load_headers(s);
     let mut spec = LoadSpec::new(t.addr, PATH, s.concurrency, s.stop);
     spec.headers = headers.clone();
+    spec.spread = gateway::spread(s);
     spec.threads = ctx.gen_threads;
     spec.rate = s.rate;
     spec.timeout = ctx.timeout;
@@ -336,12 +346,24 @@ pub fn measure(ctx: &Ctx, s: &Scenario, t: &Running, driver: Driver) -> Result<R
         run_load(&w)?;
     }
     let pid = t.proc.as_ref().map(Proc::pid);
+    let mut roots: Vec<u32> = pid.into_iter().collect();
+    match MOCK_PID.load(Ordering::Relaxed) {
+        0 => {}
+        m => roots.push(m),
+    }
+    let sampler = Sampler::start(&roots);
     let cpu0 = pid.and_then(cpu_ticks_tree);
     // External drivers do closed-loop timed runs only; anything else uses the built-in generator.
-    let external = s.rate.is_none() && matches!(s.stop, Stop::Duration(_));
+    // They send one request over and over: a spread scenario always uses the built-in generator.
+    let external =
+        s.rate.is_none() && matches!(s.stop, Stop::Duration(_)) && spec.spread.is_empty();
     let (requests, elapsed, bytes, latency, errors) = match (driver, s.stop) {
         (Driver::Wrk, Stop::Duration(d)) if external => {
             let m = drivers::wrk(t.addr, PATH, &headers, ctx.gen_threads, s.concurrency, d)?;
+            (m.requests, m.elapsed, m.bytes, m.latency, m.errors)
+        }
+        (Driver::Ab, Stop::Requests(n)) if s.rate.is_none() && spec.spread.is_empty() => {
+            let m = drivers::ab(t.addr, PATH, &headers, s.concurrency, n)?;
             (m.requests, m.elapsed, m.bytes, m.latency, m.errors)
         }
         (Driver::H2load, Stop::Duration(d)) if external => {
@@ -368,6 +390,7 @@ pub fn measure(ctx: &Ctx, s: &Scenario, t: &Running, driver: Driver) -> Result<R
         }
     };
     let cpu1 = pid.and_then(cpu_ticks_tree);
+    let noise = sampler.finish();
     let secs = elapsed.as_secs_f64().max(1e-9);
     let cpu_us_per_req = match (cpu0, cpu1) {
         (Some(a), Some(b)) if requests > 0 => {
@@ -387,6 +410,8 @@ pub fn measure(ctx: &Ctx, s: &Scenario, t: &Running, driver: Driver) -> Result<R
         peak_rss_kib: pid.and_then(peak_rss_kib_tree),
         instructions_per_req: None,
         pct_of_baseline: None,
+        contaminated: noise.is_some_and(|n| n.contaminated()),
+        noise,
     })
 }
 
@@ -436,12 +461,16 @@ pub fn run_scenario(
             .flat_map(|k| [(*k, Driver::Builtin), (*k, Driver::Wrk)])
             .collect()
     } else {
-        kinds.iter().map(|k| (*k, ctx.driver)).collect()
+        kinds
+            .iter()
+            .map(|k| (*k, s.driver.unwrap_or(ctx.driver)))
+            .collect()
     };
     for (kind, driver) in &plan {
         progress.show(&format!("{} {}: starting", s.name, kind.name()));
         if *driver == Driver::Wrk && !installed("wrk")
             || *driver == Driver::H2load && !installed("h2load")
+            || *driver == Driver::Ab && !installed("ab")
         {
             results.push(TargetResult::skipped(
                 kind.name(),
@@ -454,6 +483,8 @@ pub fn run_scenario(
         }
         match start_target(ctx, s, *kind, mock.addr, None, driver.name()) {
             Ok(r) => {
+                // Idle: answered the readiness probe, no load yet.
+                let idle_rss_kib = r.proc.as_ref().and_then(|p| rss_kib_tree(p.pid()));
                 results.push(TargetResult {
                     target: kind.name().into(),
                     status: "ok".into(),
@@ -463,6 +494,7 @@ pub fn run_scenario(
                     pinned_cpus: r.pinned.clone(),
                     rounds: Vec::new(),
                     median: None,
+                    idle_rss_kib,
                 });
                 running.push((r, *driver, results.len() - 1));
             }

@@ -112,6 +112,13 @@ pub struct Scenario {
     pub extra_headers: Vec<(String, String)>,
     /// Cluster run (see `cluster`): etcd, a control plane and data planes under route churn.
     pub cluster: Option<crate::cluster::ClusterLoad>,
+    /// Spread the load over every route and consumer (request k of a connection goes to route
+    /// k mod routes with consumer k mod consumers' key) instead of sending every request to route 1.
+    #[serde(default)]
+    pub spread: bool,
+    /// Load generator this scenario always uses (a preset's method), instead of `--driver`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver: Option<crate::drivers::Driver>,
 }
 
 /// What a live-apply scenario does through the Admin API (see `apply`).
@@ -160,6 +167,8 @@ impl Scenario {
             grpc_transcode: false,
             dubbo: false,
             cluster: None,
+            spread: false,
+            driver: None,
         }
     }
 
@@ -207,16 +216,25 @@ pub fn all(duration: Duration) -> Vec<Scenario> {
         (Plugins::LimitCountPrometheus, "limit-count+prometheus"),
     ] {
         for n in [1usize, 100] {
+            let spread = if n > 1 {
+                " Requests rotate over every route and consumer key."
+            } else {
+                ""
+            };
             let mut s = Scenario::base(
                 &format!("{pname}-{n}"),
                 "plugins",
-                &format!("{pname} on {n} route(s), {n} consumer(s)."),
-                &[Sluice],
+                &format!(
+                    "{pname} on {n} route(s), {n} consumer(s).{spread} nginx beside it with the equivalent config \
+                     (one location per route, map-based key check -> 401, limit_req; no prometheus equivalent)."
+                ),
+                &[Sluice, Nginx],
                 duration,
             );
             s.plugins = p;
             s.routes = n;
             s.consumers = n;
+            s.spread = n > 1;
             v.push(s);
         }
     }
@@ -231,6 +249,38 @@ pub fn all(duration: Duration) -> Vec<Scenario> {
         s.workers = w;
         s.concurrency = 256;
         v.push(s);
+    }
+    // APISIX's benchmark doc: wrk's defaults (10 connections), 1 worker vs all, no plugin vs limit-count +
+    // prometheus (`--preset apisix`).
+    for (w, wname) in [(Workers::One, "w1"), (Workers::All, "wall")] {
+        for (p, pname, targets) in [
+            (Plugins::None, "", &PEERS[..]),
+            (
+                Plugins::LimitCountPrometheus,
+                "-lc-prom",
+                &[Sluice, Nginx][..],
+            ),
+        ] {
+            let mut s = Scenario::base(
+                &format!("apisix-{wname}{pname}"),
+                "workers",
+                &format!(
+                    "APISIX's benchmark method: c=10 (wrk's default), {} worker(s), {}.",
+                    if w == Workers::One { "1" } else { "all" },
+                    if p == Plugins::None {
+                        "no plugin"
+                    } else {
+                        "limit-count + prometheus (nginx: limit_req)"
+                    }
+                ),
+                targets,
+                duration,
+            );
+            s.workers = w;
+            s.plugins = p;
+            s.concurrency = 10;
+            v.push(s);
+        }
     }
     for c in [600usize, 800, 1000, 1200] {
         let mut s = Scenario::base(
@@ -370,9 +420,12 @@ pub const SHORT: &[&str] = &[
     "routes-100",
     "routes-100k",
     "key-auth+limit-count-1",
+    "key-auth+limit-count-100",
     "workers-all",
     "sweep-c1000",
     "rate-10k",
+    // Skipped with its reason where valgrind is missing.
+    "instructions",
 ];
 
 /// Selects scenarios: explicit names (with `*` suffix globs), else the full or the short matrix.

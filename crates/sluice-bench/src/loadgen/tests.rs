@@ -157,3 +157,89 @@ fn h2c_requests_and_status_counting() {
     let r = run_load(&spec).expect("run");
     assert_eq!((r.requests, r.errors.non_2xx), (50, 50));
 }
+
+/// Requests seen by `recorder`, by (path, apikey).
+type Seen = Arc<std::sync::Mutex<std::collections::HashMap<(String, String), u64>>>;
+
+/// A recording upstream: answers every HTTP/1.1 request with an empty 200 and counts (path, apikey) pairs.
+fn recorder() -> (SocketAddr, Seen) {
+    use std::io::{BufRead, BufReader, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let seen: Seen = Arc::default();
+    let s2 = seen.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            let seen = s2.clone();
+            std::thread::spawn(move || {
+                let mut w = c.try_clone().expect("clone");
+                let mut r = BufReader::new(c);
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                    let mut key = String::new();
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if h == "\r\n" {
+                            break;
+                        }
+                        if let Some(v) = h.strip_prefix("apikey: ") {
+                            key = v.trim().to_string();
+                        }
+                    }
+                    *seen.lock().expect("lock").entry((path, key)).or_default() += 1;
+                    if w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[test]
+fn spread_rotates_over_every_route_and_key_evenly() {
+    let (addr, seen) = recorder();
+    let mut spec = LoadSpec::new(addr, "/hello", 8, Stop::Requests(2000));
+    spec.headers = vec![("X-Extra".into(), "1".into())];
+    spec.spread = (0..100)
+        .map(|k| {
+            (
+                format!("/r/{}", k + 1),
+                vec![("apikey".to_string(), format!("auth-{k}"))],
+            )
+        })
+        .collect();
+    let r = run_load(&spec).expect("run");
+    assert_eq!((r.requests, r.errors), (2000, Errors::default()));
+    let seen = seen.lock().expect("lock").clone();
+    // 100 distinct (route, key) pairs, each the pair the rotation defines, none hit twice as often as another.
+    assert_eq!(seen.len(), 100, "{seen:?}");
+    for k in 0..100 {
+        let n = seen
+            .get(&(format!("/r/{}", k + 1), format!("auth-{k}")))
+            .copied()
+            .unwrap_or(0);
+        assert!((10..=30).contains(&n), "pair {k}: {n} requests");
+    }
+    assert_eq!(seen.values().sum::<u64>(), 2000);
+}
+
+#[test]
+fn no_spread_sends_one_request() {
+    let (addr, seen) = recorder();
+    let spec = LoadSpec::new(addr, "/hello", 4, Stop::Requests(300));
+    assert_eq!(run_load(&spec).expect("run").requests, 300);
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen.get(&("/hello".to_string(), String::new())), Some(&300));
+}

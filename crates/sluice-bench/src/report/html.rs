@@ -280,7 +280,32 @@ fn scenario(h: &mut String, s: &ScenarioReport) {
         let l = &m.latency_us;
         let o =
             |v: Option<f64>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "–".into());
-        let rounds: Vec<String> = t.rounds.iter().map(|r| fmt_num(r.rps)).collect();
+        // Per round: req/s, p99, foreign CPU; a contaminated round is marked (see noise.rs).
+        let rounds: Vec<String> = t
+            .rounds
+            .iter()
+            .map(|r| {
+                let noise = r
+                    .noise
+                    .map(|n| {
+                        format!(
+                            " foreign {:.0}% load {:.1}",
+                            n.foreign_cpu_pct, n.load_avg_1m
+                        )
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "{} (p99 {:.0}{noise}){}",
+                    fmt_num(r.rps),
+                    r.latency_us.p99,
+                    if r.contaminated { " CONTAMINATED" } else { "" }
+                )
+            })
+            .collect();
+        let pct = match m.pct_of_baseline {
+            Some(v) if v > 100.0 => format!("{v:.0} ⚠ above 100%: baseline measured low"),
+            v => o(v, 0),
+        };
         let _ = write!(
             h,
             "<tr><td class=\"l\" style=\"color:{}\"><b>{}</b></td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{}</td><td>{:.1}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\">{}</td></tr>",
@@ -290,7 +315,7 @@ fn scenario(h: &mut String, s: &ScenarioReport) {
             t.workers,
             esc(t.pinned_cpus.as_deref().unwrap_or("–")),
             m.rps,
-            o(m.pct_of_baseline, 0),
+            pct,
             m.bytes_per_s / 1_048_576.0,
             l.p50,
             l.p75,
@@ -307,7 +332,7 @@ fn scenario(h: &mut String, s: &ScenarioReport) {
             o(m.origin_cpu_us_per_req, 1),
             o(m.peak_rss_kib.map(|k| k as f64 / 1024.0), 1),
             o(m.instructions_per_req, 0),
-            rounds.join(" ")
+            rounds.join("; ")
         );
     }
     h.push_str("</table></div>");

@@ -101,6 +101,7 @@ fn report() -> Report {
             mk("sweep-c800", vec![target("sluice", vec![run(600.0, 1.0)])]),
             skipped,
         ],
+        preset: None,
     }
 }
 
@@ -266,4 +267,88 @@ fn timestamp_format() {
         t.starts_with("20") && t.ends_with('Z') && &t[10..11] == "T",
         "{t}"
     );
+}
+
+fn noisy(rps: f64, p99: f64, foreign: f64) -> RunResult {
+    RunResult {
+        noise: Some(Noise {
+            foreign_cpu_pct: foreign,
+            load_avg_1m: 1.5,
+        }),
+        ..run(rps, p99)
+    }
+}
+
+#[test]
+fn contaminated_rounds_are_flagged_noted_and_left_out_of_the_median() {
+    let mut r = report();
+    // Rounds 1 and 3 clean (2% and 4% foreign), round 2 beside a busy loop (95%).
+    r.scenarios[1].results[0] = target(
+        "sluice",
+        vec![
+            noisy(1000.0, 900.0, 2.0),
+            noisy(400.0, 5000.0, 95.0),
+            noisy(1100.0, 950.0, 4.0),
+        ],
+    );
+    r.compute_baselines();
+    let t = &r.scenarios[1].results[0];
+    assert_eq!(
+        t.rounds.iter().map(|x| x.contaminated).collect::<Vec<_>>(),
+        vec![false, true, false]
+    );
+    let m = t.median.as_ref().expect("median");
+    assert_eq!(m.rps, 1050.0, "median of the clean rounds only");
+    assert!(!m.contaminated);
+    let notes = r.scenarios[1].notes.join("\n");
+    assert!(
+        notes.contains("CONTAMINATED sluice (builtin): 1 of 3 rounds")
+            && notes.contains("round 2 (foreign CPU 95% of a CPU")
+            && notes.contains("median is over the 2 clean round(s)"),
+        "{notes}"
+    );
+    let text = r.text_summary();
+    assert!(text.contains("900 (2%) 5000 (95%)! 950 (4%)"), "{text}");
+    assert!(text.contains("summary (Sluice per scenario)"), "{text}");
+    let v: serde_json::Value = serde_json::to_value(&r).expect("json");
+    let rounds = &v["scenarios"][1]["results"][0]["rounds"];
+    assert_eq!(rounds[1]["contaminated"], true);
+    assert_eq!(rounds[1]["noise"]["foreign_cpu_pct"], 95.0);
+    assert_eq!(rounds[0]["contaminated"], false);
+    assert!(html::render(&r).contains("CONTAMINATED"));
+
+    // Every round contaminated: the median says so.
+    let mut all_bad = target(
+        "sluice",
+        vec![noisy(1000.0, 900.0, 50.0), noisy(900.0, 900.0, 60.0)],
+    );
+    all_bad.finish();
+    assert!(all_bad.median.as_ref().expect("median").contaminated);
+    // No noise sample (an external gateway, or no /proc): never flagged.
+    let none = target("sluice", vec![run(1.0, 1.0)]);
+    assert!(!none.rounds[0].contaminated);
+}
+
+#[test]
+fn above_100_percent_of_direct_carries_a_warning() {
+    let mut r = report();
+    // route-1's Sluice at 250 req/s against the direct scenario's 200.
+    r.scenarios[1].results[0] = target("sluice", vec![run(250.0, 5.0)]);
+    r.compute_baselines();
+    let pct = r.scenarios[1].results[0]
+        .median
+        .as_ref()
+        .and_then(|m| m.pct_of_baseline);
+    assert_eq!(pct, Some(125.0));
+    let notes = r.scenarios[1].notes.join("\n");
+    assert!(
+        notes.contains("WARNING sluice at 125% of direct")
+            && notes.contains("baseline was measured low"),
+        "{notes}"
+    );
+    let text = r.text_summary();
+    assert!(text.contains("125%!"), "{text}");
+    assert!(html::render(&r).contains("above 100%"));
+    // Below 100: no warning.
+    assert!(!r.scenarios[2].notes.iter().any(|n| n.contains("WARNING")));
 }

@@ -7,6 +7,7 @@ mod admin;
 mod admin_compat;
 mod api_standalone;
 mod balancer;
+mod bench_preset;
 mod bodies;
 mod cluster_bench;
 mod connection;
