@@ -321,23 +321,14 @@ const fn small_table() -> ([u8; SMALL_LEN], [u16; SMALL_MAX + 2]) {
 static SMALL: ([u8; SMALL_LEN], [u16; SMALL_MAX + 2]) = small_table();
 
 /// `n` in decimal as a header value: up to 3600 a static slice (no allocation, no reference count), above it
-/// formatted on the stack (no `core::fmt`) with one allocation for the `Bytes`.
-pub(crate) fn decimal(mut n: u64) -> Bytes {
+/// std's integer formatting and one allocation.
+pub(crate) fn decimal(n: u64) -> Bytes {
     if n <= SMALL_MAX as u64 {
         let (text, ends) = &SMALL;
         let i = n as usize;
         return Bytes::from_static(&text[usize::from(ends[i])..usize::from(ends[i + 1])]);
     }
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return Bytes::copy_from_slice(&buf[i..]);
-        }
-    }
+    Bytes::from(n.to_string())
 }
 
 #[cfg(test)]
