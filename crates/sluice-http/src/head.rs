@@ -32,6 +32,9 @@ pub struct RequestHead {
     pub body: BodyKind,
     /// Whether the connection may serve another request after this one (version + Connection).
     pub keep_alive: bool,
+    /// Whether a `Connection` field lists a name other than `keep-alive` and `upgrade` (those two fields are
+    /// hop-by-hop whatever it says). Only then does forwarding need [`crate::connection_tokens`].
+    pub connection_options: bool,
     /// HTTP/1.1 with `Expect: 100-continue`.
     pub expect_continue: bool,
     /// HTTP/1.1 with a `Connection: upgrade` token and an Upgrade field.
@@ -53,6 +56,9 @@ pub struct ResponseHead {
     pub headers: Vec<HeaderSpan>,
     /// How the body is framed, given the request method and the status.
     pub body: BodyKind,
+    /// Whether a `Connection` field lists a name other than `keep-alive` and `upgrade` (those two fields are
+    /// hop-by-hop whatever it says). Only then does forwarding need [`crate::connection_tokens`].
+    pub connection_options: bool,
     /// Whether the connection may carry another exchange after this one (version + Connection + framing).
     pub keep_alive: bool,
 }
@@ -79,9 +85,27 @@ fn find_header<'a>(buf: &'a [u8], headers: &[HeaderSpan], lower_name: &str) -> O
 // === impl RequestHead ===
 
 impl RequestHead {
-    /// The method as a string (`"GET"`).
+    /// The method as a string (`"GET"`). The standard methods map to constants (no UTF-8 check per call: the
+    /// router and the proxy ask several times per request); any other token (ASCII, checked by the parser) is
+    /// validated here.
     pub fn method_str(&self) -> &str {
-        span_str(&self.buf, self.method)
+        match self.slice(self.method) {
+            b"GET" => "GET",
+            b"POST" => "POST",
+            b"HEAD" => "HEAD",
+            b"PUT" => "PUT",
+            b"DELETE" => "DELETE",
+            b"PATCH" => "PATCH",
+            b"OPTIONS" => "OPTIONS",
+            b"CONNECT" => "CONNECT",
+            b"TRACE" => "TRACE",
+            _ => span_str(&self.buf, self.method),
+        }
+    }
+
+    /// Whether the method is `HEAD` (its response has no body).
+    pub fn is_head(&self) -> bool {
+        self.slice(self.method) == b"HEAD"
     }
 
     /// The path (target without query) as a string.

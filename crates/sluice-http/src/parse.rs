@@ -110,6 +110,7 @@ pub fn parse_request(
         host,
         body,
         keep_alive,
+        connection_options: fields.conn_options,
         expect_continue: is_11 && fields.expect_continue,
         upgrade: is_11 && fields.conn_upgrade && fields.has_upgrade,
     };
@@ -186,6 +187,7 @@ pub fn parse_response(
         version,
         headers: spans,
         body,
+        connection_options: fields.conn_options,
         keep_alive,
     };
     Ok(Some(ResponseHead {

@@ -171,6 +171,11 @@ impl<'a> Ctx<'a> {
         self
     }
 
+    /// [`Ctx::with_params`] on a context already in place.
+    pub fn set_params(&mut self, params: sluice_router::Params) {
+        self.params = Some(params);
+    }
+
     /// A route capture by name (`:id` -> `param("id")`, `/*` -> `param(":ext")`... as the router names it).
     pub fn param(&self, name: &str) -> Option<&str> {
         let path = sluice_router::MatchRequest::path(self.req);

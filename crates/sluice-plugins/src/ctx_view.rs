@@ -112,10 +112,13 @@ impl<'a> ReqView<'a> {
 
 /// `example.com:8080` -> `example.com`; `[::1]:80` -> `[::1]`.
 fn strip_port(h: &str) -> &str {
-    if h.starts_with('[') {
-        return h.find(']').map_or(h, |i| &h[..=i]);
+    let b = h.as_bytes();
+    if b.first() == Some(&b'[') {
+        return b.iter().position(|&c| c == b']').map_or(h, |i| &h[..=i]);
     }
-    h.rsplit_once(':').map_or(h, |(a, _)| a)
+    // A byte scan (the host is ASCII after the parser's check; `:` is never inside a UTF-8 sequence anyway):
+    // `rsplit_once` runs the general string searcher, several times this for a short host.
+    b.iter().rposition(|&c| c == b':').map_or(h, |i| &h[..i])
 }
 
 impl MatchRequest for ReqView<'_> {

@@ -136,17 +136,18 @@ impl Answer {
     fn apply(&self, ctx: &mut Ctx<'_>, q: Quota) -> Flow {
         if self.show_headers {
             let set = &mut ctx.resp.set_headers;
+            set.reserve(3);
             set.push((
                 Bytes::from_static(b"X-RateLimit-Limit"),
                 self.limit_header.clone(),
             ));
             set.push((
                 Bytes::from_static(b"X-RateLimit-Remaining"),
-                Bytes::from(q.remaining.to_string()),
+                crate::util::decimal(q.remaining),
             ));
             set.push((
                 Bytes::from_static(b"X-RateLimit-Reset"),
-                Bytes::from(q.reset.to_string()),
+                crate::util::decimal(q.reset),
             ));
         }
         if q.allowed {

@@ -268,3 +268,75 @@ mod tests {
         ));
     }
 }
+
+/// Numbers up to this are served from a static table (limit-count's `X-RateLimit-Reset` seconds, small counts).
+const SMALL_MAX: usize = 3600;
+
+const fn digits(n: usize) -> usize {
+    if n < 10 {
+        1
+    } else if n < 100 {
+        2
+    } else if n < 1000 {
+        3
+    } else {
+        4
+    }
+}
+
+const fn small_len() -> usize {
+    let mut n = 0;
+    let mut len = 0;
+    while n <= SMALL_MAX {
+        len += digits(n);
+        n += 1;
+    }
+    len
+}
+
+const SMALL_LEN: usize = small_len();
+
+/// "0123...3600" and where each number ends in it.
+const fn small_table() -> ([u8; SMALL_LEN], [u16; SMALL_MAX + 2]) {
+    let mut text = [0u8; SMALL_LEN];
+    let mut ends = [0u16; SMALL_MAX + 2];
+    let mut n = 0;
+    let mut at = 0;
+    while n <= SMALL_MAX {
+        let d = digits(n);
+        let mut v = n;
+        let mut i = d;
+        while i > 0 {
+            i -= 1;
+            text[at + i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+        at += d;
+        ends[n + 1] = at as u16;
+        n += 1;
+    }
+    (text, ends)
+}
+
+static SMALL: ([u8; SMALL_LEN], [u16; SMALL_MAX + 2]) = small_table();
+
+/// `n` in decimal as a header value: up to 3600 a static slice (no allocation, no reference count), above it
+/// std's integer formatting and one allocation.
+pub(crate) fn decimal(n: u64) -> Bytes {
+    if n <= SMALL_MAX as u64 {
+        let (text, ends) = &SMALL;
+        let i = n as usize;
+        return Bytes::from_static(&text[usize::from(ends[i])..usize::from(ends[i + 1])]);
+    }
+    Bytes::from(n.to_string())
+}
+
+#[cfg(test)]
+mod decimal_tests {
+    #[test]
+    fn decimal_writes_every_digit() {
+        for n in (0..=3700).chain([9_999, 10_000, 4_294_967_294, u64::MAX]) {
+            assert_eq!(&super::decimal(n)[..], n.to_string().as_bytes());
+        }
+    }
+}

@@ -37,6 +37,28 @@ pub(crate) struct Copy<'a> {
     pub out: &'a mut BytesMut,
 }
 
+/// `tokio::time::timeout` that arms no timer (and reads no clock) when `fut` is ready on its first poll, which is
+/// what a socket write into an empty send buffer, or a read of bytes already received, almost always is. Only a
+/// future that has to wait gets a deadline, `t` from that first poll (the same instant, within microseconds, that a
+/// timer armed up front would have started from).
+pub(crate) async fn timeout_lazy<F: std::future::Future>(
+    t: Duration,
+    fut: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let mut fut = std::pin::pin!(fut);
+    let first = std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match fut.as_mut().poll(cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await;
+    match first {
+        Some(v) => Ok(v),
+        None => tokio::time::timeout(t, fut).await,
+    }
+}
+
 pub(crate) async fn flush<W: AsyncWrite + Unpin>(
     dst: &mut W,
     out: &mut BytesMut,
@@ -45,7 +67,7 @@ pub(crate) async fn flush<W: AsyncWrite + Unpin>(
     if out.is_empty() {
         return Ok(());
     }
-    let r = tokio::time::timeout(t, dst.write_all(out)).await;
+    let r = timeout_lazy(t, dst.write_all(out)).await;
     out.clear();
     match r {
         Ok(Ok(())) => Ok(()),
@@ -60,7 +82,7 @@ async fn fill<R: AsyncRead + Unpin>(
     t: Duration,
 ) -> Result<usize, BodyError> {
     buf.reserve(READ_CHUNK);
-    match tokio::time::timeout(t, src.read_buf(buf)).await {
+    match timeout_lazy(t, src.read_buf(buf)).await {
         Ok(Ok(n)) => Ok(n),
         Ok(Err(e)) => Err(BodyError::Source(e.to_string(), false)),
         Err(_) => Err(BodyError::Source("read timed out".into(), true)),
@@ -186,7 +208,7 @@ async fn emit<W: AsyncWrite + Unpin>(
     }
     if data.len() >= DIRECT_WRITE {
         flush(dst, out, t).await?;
-        match tokio::time::timeout(t, dst.write_all(data)).await {
+        match timeout_lazy(t, dst.write_all(data)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(BodyError::Sink(e.to_string())),
             Err(_) => return Err(BodyError::SinkTimeout),

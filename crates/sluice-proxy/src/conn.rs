@@ -108,6 +108,52 @@ pub(crate) struct Conn<S> {
     tries: Vec<Try>,
     /// How many bytes at the front of `rbuf` are the body read for the plugins (as it will be forwarded).
     buffered_body: usize,
+    /// The connection's one timer for the waits of every request (the keep-alive wait, the upstream's answer).
+    timer: Deadline,
+    /// The X-Forwarded-* lines of this connection, formatted at its first upstream request.
+    fwd_lines: Option<forward::FwdLines>,
+}
+
+/// One timer a connection reuses for its waits instead of arming and dropping a new one per wait: tokio moves a
+/// registered timer's deadline later without touching its wheel, so a keep-alive connection pays no timer
+/// insertion or removal per request. A wait whose future is ready on its first poll reads no clock either.
+#[derive(Default)]
+struct Deadline(Option<std::pin::Pin<Box<tokio::time::Sleep>>>);
+
+/// The wait outlived its timeout.
+struct TimedOut;
+
+impl Deadline {
+    /// `fut`'s output, or `TimedOut` when it is not ready within `t` of its first poll.
+    async fn within<F: std::future::Future>(
+        &mut self,
+        t: std::time::Duration,
+        fut: F,
+    ) -> Result<F::Output, TimedOut> {
+        use std::future::Future;
+        use std::task::Poll;
+        let mut fut = std::pin::pin!(fut);
+        let mut armed = false;
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Ok(v));
+            }
+            // First time pending: the deadline counts from here.
+            if !armed {
+                armed = true;
+                let at = tokio::time::Instant::now() + t;
+                match &mut self.0 {
+                    Some(s) => s.as_mut().reset(at),
+                    None => self.0 = Some(Box::pin(tokio::time::sleep_until(at))),
+                }
+            }
+            match self.0.as_mut().map(|s| s.as_mut().poll(cx)) {
+                Some(Poll::Ready(())) => Poll::Ready(Err(TimedOut)),
+                _ => Poll::Pending,
+            }
+        })
+        .await
+    }
 }
 
 /// The response the client got: status, bytes on the wire, bytes of body.
@@ -180,15 +226,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         edits: Option<&sluice_plugins::Edits>,
     ) {
         self.out.clear();
+        let lines = self.fwd_lines.get_or_insert_with(|| {
+            forward::FwdLines::new(
+                self.client_ip.as_bytes(),
+                &self.server_port,
+                self.scheme.as_bytes(),
+            )
+        });
         forward::request_head(
             head,
             &ForwardInfo {
                 pass_host: &up.pass_host,
                 node,
                 client_ip: self.client_ip.as_bytes(),
-                server_port: &self.server_port,
                 scheme: self.scheme.as_bytes(),
                 host,
+                lines,
             },
             edits,
             &mut self.out,
@@ -235,6 +288,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             sent: Sent::default(),
             tries: Vec::new(),
             buffered_body: 0,
+            timer: Deadline::default(),
+            fwd_lines: None,
         }
     }
 
@@ -344,8 +399,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 return Ok(None);
             }
             self.rbuf.reserve(BUF_SIZE / 2);
-            let read =
-                tokio::time::timeout(cfg.keepalive_timeout, self.io.read_buf(&mut self.rbuf));
+            let read = self
+                .timer
+                .within(cfg.keepalive_timeout, self.io.read_buf(&mut self.rbuf));
             let r = tokio::select! {
                 r = read => r,
                 _ = self.shutdown.changed() => return Ok(None),
@@ -624,18 +680,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         } else {
             None
         };
-        let mut pctx = if chains.iter().any(Option::is_some) {
-            let mut ctx = Ctx::new(&view, &route.id).with_route(&snap.route_meta[idx as usize]);
+        // Built in place: the context is large, and each by-value builder step was a copy of it.
+        let mut pctx = None;
+        if chains.iter().any(Option::is_some) {
+            let ctx = pctx.insert(Ctx::new(&view, &route.id));
+            ctx.route = Some(&snap.route_meta[idx as usize]);
             if !self.params.is_empty() {
-                ctx = ctx.with_params(self.params.clone());
+                ctx.set_params(self.params.clone());
             }
-            Some(match &req_body {
-                Some(b) => ctx.with_body(b),
-                None => ctx,
-            })
-        } else {
-            None
-        };
+            if let Some(b) = &req_body {
+                ctx.body = Some(b);
+            }
+        }
         if let Some(ctx) = pctx.as_mut() {
             if let Some(r) = self.request_phases(&chains, ctx).await? {
                 return self.respond_plugin(head, r, ctx, &chains, req_start).await;
@@ -741,6 +797,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     &mut body_consumed,
                     pctx.as_mut(),
                     &chains,
+                    t0,
                 )
                 .await;
             // This clock read also ends the request for the live counters (`rec.end`).
@@ -832,7 +889,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             let s = synthetic(&f.err).unwrap_or_else(|| html_page(502));
             // The request body may be partly unread: the connection cannot carry another request.
             let keep = !f.body_consumed && head.body == BodyKind::Empty && head.keep_alive;
-            self.write_synthetic(&s, keep, head.method_str() == "HEAD")
+            self.write_synthetic(&s, keep, head.is_head())
                 .await
                 .map_err(|e| Error::downstream(Kind::ClientClosed, e.to_string()))?;
             return Ok(keep);
@@ -913,7 +970,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         } else {
             &b"Connection: close\r\n\r\n"[..]
         });
-        let body = if head.method_str() != "HEAD" && !bodiless {
+        let body = if !head.is_head() && !bodiless {
             self.out.put_slice(&r.body);
             r.body.len() as u64
         } else {
@@ -1127,7 +1184,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             };
             let s = synthetic(&e).unwrap_or_else(|| html_page(502));
             let keep = head.keep_alive && (head.body == BodyKind::Empty || body_read);
-            self.write_synthetic(&s, keep, head.method_str() == "HEAD")
+            self.write_synthetic(&s, keep, head.is_head())
                 .await
                 .map_err(|e| Error::downstream(Kind::ClientClosed, e.to_string()))?;
             return Ok(keep);
@@ -1204,7 +1261,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     async fn refuse(&mut self, head: &RequestHead, err: &Error) -> Result<bool, Error> {
         let keep = head.keep_alive && head.body == BodyKind::Empty;
         if let Some(s) = synthetic(err) {
-            self.write_synthetic(&s, keep, head.method_str() == "HEAD")
+            self.write_synthetic(&s, keep, head.is_head())
                 .await
                 .map_err(|e| Error::downstream(Kind::ClientClosed, e.to_string()))?;
         }
@@ -1221,6 +1278,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         body_consumed: &mut bool,
         mut pctx: Option<&mut Ctx<'_>>,
         chains: &[Option<&Chain>; 2],
+        // The caller's clock read just before this attempt: its start for the upstream latency and the pool.
+        t_up: Instant,
     ) -> Result<Done, Failure> {
         let up: &UpstreamRt = &route.upstream;
         let node = &up.nodes[node_idx];
@@ -1235,11 +1294,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 .attempt_h2(head, host, route, node_idx, body_consumed, pctx, chains)
                 .await;
         }
-        let t_up = Instant::now();
         let mut c: Checkout = self
             .w
             .pool
-            .checkout_for(up, node, t.connect, head.body != BodyKind::Empty)
+            .checkout_for(up, node, t.connect, head.body != BodyKind::Empty, t_up)
             .await
             .map_err(|e| fail(e, Stage::BeforeSend, *body_consumed))?;
         if !c.reused {
@@ -1355,7 +1413,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
 
         // Response head.
-        let is_head = head.method_str() == "HEAD";
+        let is_head = head.is_head();
         let resp = self
             .read_response_head(&mut c, is_head, t.read)
             .await
@@ -1530,7 +1588,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             && complete
             && !answered_early
         {
-            self.w.pool.checkin(c, up.pool);
+            // Idle from when its answer arrived (a clock read this request already made).
+            self.w.pool.checkin(c, up.pool, t_up + upstream_latency);
         }
         if body_cut {
             crate::body::linger(&mut self.io, &mut self.rbuf).await;
@@ -1572,7 +1631,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 }
             }
             self.ubuf.reserve(BUF_SIZE / 2);
-            match tokio::time::timeout(read_timeout, c.conn.read_buf(&mut self.ubuf)).await {
+            match self
+                .timer
+                .within(read_timeout, c.conn.read_buf(&mut self.ubuf))
+                .await
+            {
                 Ok(Ok(0)) => {
                     return Err((
                         Error::upstream(Kind::UpstreamIo, "upstream closed before a response"),

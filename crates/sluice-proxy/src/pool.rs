@@ -107,12 +107,13 @@ impl Pool {
         node: &NodeRt,
         connect_timeout: Duration,
         has_body: bool,
+        now: Instant,
     ) -> Result<Checkout, Error> {
         let key = PoolKey {
             addr: node.addr,
             sni: node.sni.as_ref().map(|s| Arc::from(s.to_str().as_bytes())),
         };
-        if let Some(c) = self.take(&key, up.pool, has_body) {
+        if let Some(c) = self.take(&key, up.pool, has_body, now) {
             self.reused.set(self.reused.get() + 1);
             return Ok(c);
         }
@@ -134,11 +135,12 @@ impl Pool {
         })
     }
 
-    fn take(&self, key: &PoolKey, cfg: PoolCfg, probe: bool) -> Option<Checkout> {
+    /// `now`: the caller's clock read of this request (an idle connection's age needs no finer clock).
+    fn take(&self, key: &PoolKey, cfg: PoolCfg, probe: bool, now: Instant) -> Option<Checkout> {
         let mut idle = self.idle.borrow_mut();
         let list = idle.get_mut(key)?;
         while let Some(c) = list.pop() {
-            let age = c.since.elapsed();
+            let age = now.saturating_duration_since(c.since);
             if age >= cfg.idle_timeout {
                 continue;
             }
@@ -156,7 +158,8 @@ impl Pool {
     }
 
     /// Returns a connection after a complete exchange; drops it when the pool is full or it served its quota.
-    pub(crate) fn checkin(&self, c: Checkout, cfg: PoolCfg) {
+    /// `since`: when the connection went idle (the caller's clock read of the exchange's end).
+    pub(crate) fn checkin(&self, c: Checkout, cfg: PoolCfg, since: Instant) {
         let uses = c.uses + 1;
         if uses >= cfg.requests || cfg.size == 0 {
             return;
@@ -168,7 +171,7 @@ impl Pool {
         }
         list.push(Idle {
             conn: c.conn,
-            since: Instant::now(),
+            since,
             uses,
         });
     }

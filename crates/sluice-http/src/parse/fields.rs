@@ -15,6 +15,8 @@ pub(super) struct Fields {
     conn_close: bool,
     conn_keep_alive: bool,
     pub(super) conn_upgrade: bool,
+    /// A Connection token other than `keep-alive` and `upgrade` (whose fields are hop-by-hop anyway).
+    pub(super) conn_options: bool,
     pub(super) has_upgrade: bool,
     pub(super) expect_continue: bool,
 }
@@ -55,12 +57,14 @@ impl Fields {
             7 if eq_lower(name, b"upgrade") => self.has_upgrade = true,
             10 if eq_lower(name, b"connection") => {
                 for token in list_elements(value) {
-                    if eq_lower(token, b"close") {
-                        self.conn_close = true;
-                    } else if eq_lower(token, b"keep-alive") {
+                    if eq_lower(token, b"keep-alive") {
                         self.conn_keep_alive = true;
                     } else if eq_lower(token, b"upgrade") {
                         self.conn_upgrade = true;
+                    } else {
+                        // `close` too: it names a field like any other option.
+                        self.conn_close |= eq_lower(token, b"close");
+                        self.conn_options = true;
                     }
                 }
             }

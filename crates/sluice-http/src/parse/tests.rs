@@ -1011,3 +1011,36 @@ fn response_leading_empty_lines_and_spans() {
     assert_eq!((h.status, h.reason_str()), (201, "Created"));
     assert_eq!(h.header("location"), Some(&b"/x"[..]));
 }
+
+#[test]
+fn connection_options_flag_only_for_names_beyond_keep_alive_and_upgrade() {
+    // The forwarder skips the per-field Connection lookup when this is false: it must be true whenever any
+    // Connection field, in any case, names something other than keep-alive/upgrade (close included).
+    for (fields, want) in [
+        ("", false),
+        ("Connection: keep-alive\r\n", false),
+        ("Connection: Keep-Alive, UPGRADE\r\nUpgrade: x\r\n", false),
+        ("Connection: ,, keep-alive ,\r\n", false),
+        ("Connection: close\r\n", true),
+        ("Connection: keep-alive\r\nconnection: X-Secret\r\n", true),
+        ("CONNECTION: keep-alive, x-secret\r\n", true),
+        ("Connection: keep-alivex\r\n", true),
+    ] {
+        let h = ok_req(&with_fields(fields));
+        assert_eq!(h.connection_options, want, "request {fields:?}");
+        let r = ok_res(format!("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n{fields}\r\n").as_bytes());
+        assert_eq!(r.connection_options, want, "response {fields:?}");
+    }
+}
+
+#[test]
+fn method_str_maps_standard_methods_and_keeps_any_other_token() {
+    for m in [
+        "GET", "POST", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "PURGE", "get",
+        "M-SEARCH",
+    ] {
+        let h = ok_req(format!("{m} / HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes());
+        assert_eq!(h.method_str(), m);
+        assert_eq!(h.is_head(), m == "HEAD");
+    }
+}

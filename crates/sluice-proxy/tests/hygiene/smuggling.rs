@@ -476,6 +476,28 @@ fn corpus() -> Vec<Case> {
             }
             length_and_body(s)
         }),
+        // The forwarder looks Connection options up only when the parser saw one other than keep-alive/upgrade:
+        // an option in a later Connection field, in upper case, or after keep-alive must still drop its field.
+        checked("Connection options after keep-alive, in a second field, any case", format!("GET /c HTTP/1.1\r\n{H}Connection: keep-alive\r\nX-Drop-A: 1\r\nKeep-Alive: timeout=5\r\nconnection: Upgrade, X-DROP-A\r\nConnection: KEEP-ALIVE,x-drop-b\r\nX-Drop-B: 2\r\nUpgrade: websocket\r\nX-Keep: 3\r\n\r\n{LAST}"), FORWARDED, |s| {
+            for f in ["x-drop-a", "x-drop-b", "keep-alive", "upgrade", "connection"] {
+                if !s.all(f).is_empty() {
+                    return Err(format!("{f} reached the origin: {:?}", s.headers));
+                }
+            }
+            match s.all("x-keep").as_slice() {
+                ["3"] => Ok(()),
+                other => Err(format!("X-Keep {other:?}")),
+            }
+        }),
+        checked("Connection: close names a field too", format!("GET /c HTTP/1.1\r\n{H}Close: 1\r\nConnection: Close\r\nX-Keep: 3\r\n\r\n{LAST}"), Want::Forwarded(&["/c"]), |s| {
+            if !s.all("close").is_empty() || !s.all("connection").is_empty() {
+                return Err(format!("Close reached the origin: {:?}", s.headers));
+            }
+            match s.all("x-keep").as_slice() {
+                ["3"] => Ok(()),
+                other => Err(format!("X-Keep {other:?}")),
+            }
+        }),
         // Well-formed shapes whose framing must survive the trip unchanged.
         checked("body that is a request", format!("POST /c HTTP/1.1\r\n{H}Content-Length: {n}\r\n\r\n{sm}{LAST}"), FORWARDED, length_and_body),
         checked("chunked body that is a request", format!("POST /c HTTP/1.1\r\n{H}Transfer-Encoding: chunked\r\n\r\n{}{LAST}", chunked(sm)), FORWARDED, body_is_smuggled_text),
