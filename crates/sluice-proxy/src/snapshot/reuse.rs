@@ -256,7 +256,18 @@ impl<'p> Builder<'p> {
     ) -> Option<(Arc<CachedRoute>, CompiledRoute)> {
         let index = self.next.routes.len();
         let hint = index.checked_add_signed(self.shift);
-        let (at, c) = self.find_old(&r.id.0, hint)?;
+        // The same route (pointer) at the expected position: found without reading its id.
+        let same = self.old.and_then(|o| {
+            let i = hint?;
+            o.routes
+                .get(i)
+                .filter(|c| Arc::ptr_eq(&c.route, r))
+                .map(|c| (i, c))
+        });
+        let (at, c) = match same {
+            Some(hit) => hit,
+            None => self.find_old(&r.id.0, hint)?,
+        };
         self.shift = at as isize - index as isize;
         let fresh_up = match &c.upstream_id {
             Some(id) => shared_ups
