@@ -7,7 +7,8 @@ Phases, each reported with the gateway's RSS (VmRSS from /proc, MiB):
   load     N routes loaded: `--load yaml` seeds apisix.yaml on first start (timed to ready), `--load admin`
            sends them in one `PUT /apisix/admin/configs` (timed end to end, `?wait=applied`)
   writes   W sequential `PUT /apisix/admin/routes/<id>?wait=applied` (each timed end to end by this client:
-           median, p90, max), changing the upstream of existing routes spread over the id range
+           median, p90, max), changing the upstream node weight (`--change upstream`) or the uri
+           (`--change uri`) of existing routes spread over the id range
   churn    C more such writes, then RSS again (the "flat across writes" check)
 
 Usage: scripts/route-scale.py [--bin target/release/sluice] [--routes 100000] [--writes 50] [--churn 0]
@@ -89,6 +90,8 @@ def main():
     ap.add_argument("--writes", type=int, default=50)
     ap.add_argument("--churn", type=int, default=0)
     ap.add_argument("--load", choices=["yaml", "admin"], default="yaml")
+    ap.add_argument("--change", choices=["upstream", "uri"], default="upstream",
+                    help="what each PUT changes: the node weight (matching unchanged) or the uri (router rebuilt)")
     ap.add_argument("--keep", help="work directory to use and keep (default: a temp dir, removed)")
     a = ap.parse_args()
 
@@ -117,7 +120,7 @@ def main():
             f.write("#END\n")
     elif os.path.exists(seed):
         os.remove(seed)
-    summary = {"routes": a.routes, "load": a.load}
+    summary = {"routes": a.routes, "load": a.load, "change": a.change}
     log = open(os.path.join(work, "sluice.log"), "w")
     t0 = time.monotonic()
     proc = subprocess.Popen([os.path.abspath(a.bin), "start", "-c", os.path.join(work, "config.yaml")],
@@ -145,7 +148,10 @@ def main():
         def put(n, k):
             i = 1 + (n * 7919) % a.routes
             t = time.monotonic()
-            st, body = admin(admin_port, "PUT", f"/apisix/admin/routes/{i}?wait=applied", route(i, upstream, k))
+            body = route(i, upstream, k)
+            if a.change == "uri":
+                body["uri"] = f"/w/{n}"
+            st, body = admin(admin_port, "PUT", f"/apisix/admin/routes/{i}?wait=applied", body)
             dt = time.monotonic() - t
             if st >= 300:
                 sys.exit(f"PUT routes/{i}: {st} {body[:300]!r}")
