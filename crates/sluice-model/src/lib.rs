@@ -27,7 +27,9 @@ pub use resource::*;
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct Resources {
-    pub routes: Vec<Route>,
+    /// Shared by `Arc`: a configuration derived from another one (one route changed) copies pointers, not routes,
+    /// and the compiler recognises an unchanged route by pointer (issue 16: route scale).
+    pub routes: Vec<std::sync::Arc<Route>>,
     pub services: Vec<Service>,
     pub upstreams: Vec<Upstream>,
     pub consumers: Vec<Consumer>,

@@ -27,13 +27,17 @@ mod split;
 /// One published configuration. Immutable; replaced whole.
 pub struct Snapshot {
     pub revision: u64,
-    pub(crate) router: Router<u32>,
+    /// Shared with the successor when no route's matching changed (same specs in the same order).
+    pub(crate) router: Arc<Router<u32>>,
+    /// The specs `router` was built from, by route index (compared by pointer by the next compile).
+    router_specs: Vec<Arc<RouteSpec<()>>>,
     pub(crate) routes: Vec<CompiledRoute>,
     /// What plugins learn about each route (service id, names, matched patterns), by route index.
-    pub(crate) route_meta: Vec<sluice_plugins::RouteMeta>,
+    pub(crate) route_meta: Vec<Arc<sluice_plugins::RouteMeta>>,
     /// Plugins of all global rules, run before every route's own (APISIX `global_rules`).
     pub(crate) global: Option<Arc<Chain>>,
-    /// Upstream runtimes by `u:<id>` (shared upstreams) or `r:<route id>` (inline ones), for the next compile.
+    /// Upstream runtimes by `u:<id>` (shared upstreams) or `s:...` (traffic-split and stream routes' inline
+    /// ones), for the next compile. Routes' inline upstreams (`r:<route id>`) are reached through `routes`.
     upstreams: AHashMap<Box<str>, Arc<UpstreamRt>>,
     /// Certificates by SNI for TLS listeners (`ssls`).
     pub(crate) tls: SniTable,
@@ -55,6 +59,8 @@ pub(crate) struct CompiledRoute {
     pub timeouts: Timeouts,
     pub plugins: Option<Arc<Chain>>,
     pub websocket: bool,
+    /// `upstream` is the route's own (inline, or its service's inline one): listed as `r:<route id>`.
+    pub inline: bool,
     /// The route names a service or plugin config that is gone (deleted with `?force=true`): the status APISIX's
     /// `http_access_phase` answers before any plugin runs (404 for a service, 503 for a plugin config).
     pub dangling: Option<u16>,
@@ -196,8 +202,11 @@ impl Snapshot {
     pub fn empty() -> Self {
         Snapshot {
             revision: 0,
-            router: Router::build(Vec::new())
-                .unwrap_or_else(|_| unreachable!("an empty router always builds")),
+            router: Arc::new(
+                Router::build(Vec::new())
+                    .unwrap_or_else(|_| unreachable!("an empty router always builds")),
+            ),
+            router_specs: Vec::new(),
             routes: Vec::new(),
             route_meta: Vec::new(),
             global: None,
@@ -226,11 +235,23 @@ impl Snapshot {
 
     /// Every upstream runtime with its key (`u:<id>` or `r:<route id>`), for the health checker and status API.
     pub(crate) fn upstream_runtimes(&self) -> impl Iterator<Item = &Arc<UpstreamRt>> {
-        self.upstreams.values()
+        self.upstreams
+            .values()
+            .chain(self.routes.iter().filter(|r| r.inline).map(|r| &r.upstream))
     }
 
-    pub(crate) fn upstream_entries(&self) -> impl Iterator<Item = (&str, &Arc<UpstreamRt>)> {
-        self.upstreams.iter().map(|(k, v)| (&**k, v))
+    pub(crate) fn upstream_entries(
+        &self,
+    ) -> impl Iterator<Item = (std::borrow::Cow<'_, str>, &Arc<UpstreamRt>)> {
+        self.upstreams
+            .iter()
+            .map(|(k, v)| (std::borrow::Cow::Borrowed(&**k), v))
+            .chain(
+                self.routes
+                    .iter()
+                    .filter(|r| r.inline)
+                    .map(|r| (std::borrow::Cow::Owned(format!("r:{}", r.id)), &r.upstream)),
+            )
     }
 
     /// Compiles `res` with throwaway plugin state: a dry run that validates a configuration.
@@ -296,6 +317,11 @@ impl Snapshot {
         discovery: Option<&dyn Discovery>,
     ) -> Result<Prepared, String> {
         let mut upstreams: AHashMap<Box<str>, Arc<UpstreamRt>> = AHashMap::new();
+        let mut cache = reuse::Builder::new(prev.map(|p| &p.reuse), res, shared);
+        let prev_lookup = reuse::Lookup::new(prev.map(|p| &p.reuse));
+        // Where the previous compile's entry of the route being compiled is expected (see `reuse::Lookup`).
+        let hint: std::cell::Cell<Option<usize>> = std::cell::Cell::new(None);
+        let prev_inline = |id: &str| prev_lookup.inline_upstream(id, hint.get());
         let ssls: tls::SslsById = res.ssls.iter().map(|s| (s.id.0.as_str(), s)).collect();
         let mut runtime = |key: String, u: &Upstream| -> Result<Arc<UpstreamRt>, String> {
             let resolved;
@@ -307,7 +333,12 @@ impl Snapshot {
                 }
                 Discovered::None(why) => (u, Some(why)),
             };
-            let old = prev.and_then(|p| p.upstreams.get(key.as_str()));
+            // A route's inline runtime is found through the previous compile's routes, not the map.
+            let inline = key.strip_prefix("r:");
+            let old = match inline {
+                Some(id) => prev_inline(id),
+                None => prev.and_then(|p| p.upstreams.get(key.as_str())),
+            };
             let client_ssl = match &u.tls {
                 Some(t) => tls::client_ssl(t, &ssls)?,
                 None => None,
@@ -331,7 +362,9 @@ impl Snapshot {
                     Arc::new(rt)
                 }
             };
-            upstreams.insert(key.into_boxed_str(), rt.clone());
+            if inline.is_none() {
+                upstreams.insert(key.into_boxed_str(), rt.clone());
+            }
             Ok(rt)
         };
         let services: AHashMap<&Id, _> = res.services.iter().map(|s| (&s.id, s)).collect();
@@ -357,18 +390,16 @@ impl Snapshot {
         if global.as_ref().is_some_and(|g| !g.upstreams().is_empty()) {
             return Err("global_rules: traffic-split is supported on routes only".into());
         }
-        let mut specs = Vec::with_capacity(res.routes.len());
         let mut routes = Vec::with_capacity(res.routes.len());
         let mut route_meta = Vec::with_capacity(res.routes.len());
-        let mut cache = reuse::Builder::new(prev.map(|p| &p.reuse), res, shared);
-        // Inline upstreams of reused routes, registered once `runtime` is done with `upstreams`.
-        let mut kept_inline: Vec<(Box<str>, Arc<UpstreamRt>)> = Vec::new();
+        let mut router_specs: Vec<Arc<RouteSpec<()>>> = Vec::with_capacity(res.routes.len());
         // Routes compiled afresh, for the router's per-route checks.
-        let (mut fresh, mut fresh_ids) = (Vec::new(), Vec::new());
+        let mut fresh: Vec<(Arc<RouteSpec<()>>, Arc<str>)> = Vec::new();
         // The runtime shared by routes that answer before reaching an upstream (`dangling`).
         let mut missing_up: Option<Arc<UpstreamRt>> = None;
+        // Whether every route keeps the router spec it had, at the index it had: then the router is reused.
+        let prev_specs = prev.map_or(&[][..], |p| &p.router_specs[..]);
         for r in res.routes.iter().filter(|r| r.enabled()) {
-            route_meta.push(route_meta_of(r, &services));
             // A route with an inline discovered upstream compiles again (its nodes may have changed; the upstream
             // runtime is still kept when they did not).
             let discovered_inline = r
@@ -379,18 +410,19 @@ impl Snapshot {
                     s.upstream.as_ref()
                 })
                 .is_some_and(|u| u.discovery_type.is_some());
-            if let Some((spec, compiled, inline)) = cache
-                .reuse(r, &shared_ups, routes.len() as u32)
-                .filter(|_| !discovered_inline)
-            {
-                if inline {
-                    let key = format!("r:{}", r.id).into_boxed_str();
-                    kept_inline.push((key, compiled.upstream.clone()));
-                }
-                specs.push(spec);
+            hint.set(cache.expected());
+            let kept = if discovered_inline {
+                None
+            } else {
+                cache.reuse(r, &shared_ups)
+            };
+            if let Some((c, compiled)) = kept {
+                router_specs.push(c.spec.clone());
+                route_meta.push(c.meta.clone());
                 routes.push(compiled);
                 continue;
             }
+            let meta = Arc::new(route_meta_of(r, &services));
             let ctx = |e: String| format!("route {}: {e}", r.id);
             // A service or plugin config deleted with `?force=true` leaves the route routable (APISIX's router
             // keeps it) and answering APISIX's status; a later PUT of the resource heals it (such routes are
@@ -422,7 +454,7 @@ impl Snapshot {
                     remote_addrs: r.all_remote_addrs(),
                     vars: r.vars.clone(),
                     priority: r.priority,
-                    value: routes.len() as u32,
+                    value: (),
                 };
                 let compiled = CompiledRoute {
                     id: Arc::from(r.id.0.as_str()),
@@ -433,11 +465,13 @@ impl Snapshot {
                     timeouts: Timeout::default().into(),
                     plugins: None,
                     websocket: false,
+                    inline: false,
                     dangling: Some(status),
                 };
-                fresh.push(spec.clone());
-                fresh_ids.push(compiled.id.clone());
-                specs.push(spec);
+                let spec = keep_spec(&prev_lookup, &compiled.id, spec, hint.get());
+                fresh.push((spec.clone(), compiled.id.clone()));
+                router_specs.push(spec);
+                route_meta.push(meta);
                 routes.push(compiled);
                 continue;
             }
@@ -474,7 +508,7 @@ impl Snapshot {
                 remote_addrs: r.all_remote_addrs(),
                 vars: r.vars.clone(),
                 priority: r.priority,
-                value: routes.len() as u32,
+                value: (),
             };
             let compiled = CompiledRoute {
                 id: Arc::from(r.id.0.as_str()),
@@ -483,34 +517,45 @@ impl Snapshot {
                 timeouts,
                 plugins,
                 websocket: eff.enable_websocket,
+                inline: eff.upstream.is_some(),
                 dangling: None,
             };
             let upstream_id = match eff.upstream {
                 Some(_) => None,
                 None => eff.upstream_id.as_ref().map(|i| i.0.clone()),
             };
-            cache.record(r, upstream_id, &spec, &compiled);
-            fresh.push(spec.clone());
-            fresh_ids.push(compiled.id.clone());
-            specs.push(spec);
+            let spec = keep_spec(&prev_lookup, &compiled.id, spec, hint.get());
+            cache.record(r, upstream_id, spec.clone(), meta.clone(), &compiled);
+            fresh.push((spec.clone(), compiled.id.clone()));
+            router_specs.push(spec);
+            route_meta.push(meta);
             routes.push(compiled);
         }
         let splits = split::compile(&routes, res, &shared_ups, &mut runtime)?;
         let stream = crate::stream::StreamRouter::compile(res, &shared_ups, &mut runtime, shared)?;
-        upstreams.extend(kept_inline);
-        Router::build(fresh).map_err(|e| {
-            let id = fresh_ids.get(e.index).map_or("?", |id| &**id);
+        // The routes compiled afresh go through the router's checks on their own (its errors are per route).
+        Router::build_refs(fresh.iter().map(|(s, _)| (&**s, 0u32))).map_err(|e| {
+            let id = fresh.get(e.index).map_or("?", |(_, id)| &**id);
             format!("route {id}: {}", e.reason)
         })?;
-        let router = Router::build(Vec::new())
-            .unwrap_or_else(|_| unreachable!("an empty router always builds"));
+        // The previous router serves on when every route kept its spec (same pointer) at its index.
+        let router = prev
+            .filter(|_| {
+                prev_specs.len() == router_specs.len()
+                    && prev_specs
+                        .iter()
+                        .zip(&router_specs)
+                        .all(|(a, b)| Arc::ptr_eq(a, b))
+            })
+            .map(|p| p.router.clone());
         let tls = SniTable::compile(&res.ssls)?;
         let consumers = env.compiled.get().and_then(|c| c.as_ref().ok()).cloned();
         Ok(Prepared {
-            specs,
+            kept_router: router.is_some(),
             snap: Snapshot {
                 revision,
-                router,
+                router: router.unwrap_or_else(|| Arc::new(empty_router())),
+                router_specs,
                 routes,
                 route_meta,
                 global,
@@ -546,20 +591,45 @@ fn route_meta_of(
     }
 }
 
+fn empty_router() -> Router<u32> {
+    Router::build(Vec::new()).unwrap_or_else(|_| unreachable!("an empty router always builds"))
+}
+
+/// `spec` as the previous compile's `Arc` when route `id` had an equal one (the router is reused when every
+/// route's spec is the same pointer as before at the same index), else a new one.
+fn keep_spec(
+    prev: &reuse::Lookup<'_>,
+    id: &str,
+    spec: RouteSpec<()>,
+    hint: Option<usize>,
+) -> Arc<RouteSpec<()>> {
+    prev.spec_of(id, hint)
+        .filter(|old| reuse::same_spec(old, &spec))
+        .cloned()
+        .unwrap_or_else(|| Arc::new(spec))
+}
+
 /// A compiled configuration still missing its router (see [`Snapshot::prepare_next`]).
 pub struct Prepared {
     snap: Snapshot,
-    specs: Vec<RouteSpec<u32>>,
+    /// The previous snapshot's router is reused (no route's matching changed).
+    kept_router: bool,
 }
 
 impl Prepared {
-    /// Builds the router over every route and returns the snapshot to publish.
+    /// Builds the router over every route (unless the previous one was kept) and returns the snapshot to publish.
     pub fn finish(self) -> Result<Snapshot, String> {
-        let Prepared { mut snap, specs } = self;
-        snap.router = Router::build(specs).map_err(|e| {
-            let id = snap.routes.get(e.index).map_or("?", |r| &*r.id);
-            format!("route {id}: {}", e.reason)
-        })?;
+        let Prepared {
+            mut snap,
+            kept_router,
+        } = self;
+        if !kept_router {
+            let specs = snap.router_specs.iter().zip(0u32..).map(|(s, i)| (&**s, i));
+            snap.router = Arc::new(Router::build_refs(specs).map_err(|e| {
+                let id = snap.routes.get(e.index).map_or("?", |r| &*r.id);
+                format!("route {id}: {}", e.reason)
+            })?);
+        }
         Ok(snap)
     }
 }

@@ -82,63 +82,42 @@ impl<T> std::fmt::Debug for Router<T> {
 impl<T> Router<T> {
     /// Compiles `specs` (their order is the insertion order that breaks priority ties).
     pub fn build(specs: Vec<RouteSpec<T>>) -> Result<Self, RouterError> {
-        let mut b = Builder::default();
-        let mut values = Vec::with_capacity(specs.len());
-        let mut filters = Vec::with_capacity(specs.len());
+        let mut b = Build::with_capacity(specs.len());
         for (index, spec) in specs.into_iter().enumerate() {
-            let err = |reason: String| RouterError { index, reason };
-            let route = u32::try_from(index).map_err(|_| err("too many routes".into()))?;
-            let filter = compile_filter(&spec).map_err(err)?;
-            let (methods, filtered) = (
-                filter.methods,
-                !filter.addrs.is_empty() || filter.vars.is_some(),
-            );
-            filters.push(filter);
-            if spec.uris.is_empty() {
-                return Err(err("missing uri".into()));
-            }
-            let mut patterns = Vec::with_capacity(spec.uris.len());
-            for uri in &spec.uris {
-                let p = Pattern::compile(uri).map_err(|e| err(format!("uri {uri:?}: {e}")))?;
-                patterns.push((p, uri.len()));
-            }
-            let hosts = spec
-                .hosts
-                .iter()
-                .map(|h| compile_host(h))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(err)?;
-            for (pattern, uri_len) in &patterns {
-                let cand = PendingCandidate {
-                    route,
-                    methods,
-                    filtered,
-                    priority: spec.priority,
-                    uri_len: *uri_len,
-                    pattern: pattern.clone(),
-                };
-                if hosts.is_empty() {
-                    b.any_host.add(cand);
-                } else {
-                    for host in &hosts {
-                        b.host_table(host).add(cand.clone());
-                    }
-                }
-            }
-            values.push(spec.value);
+            let RouteSpec {
+                uris,
+                hosts,
+                methods,
+                remote_addrs,
+                vars,
+                priority,
+                value,
+            } = spec;
+            let view = RouteSpec {
+                uris,
+                hosts,
+                methods,
+                remote_addrs,
+                vars,
+                priority,
+                value: (),
+            };
+            b.add(index, &view, value)?;
         }
-        Ok(Router {
-            values,
-            filters,
-            has_host_routes: !b.host_tables.is_empty(),
-            hosts: b.hosts.finish(),
-            host_tables: b
-                .host_tables
-                .into_iter()
-                .map(TableBuilder::finish)
-                .collect(),
-            any_host: b.any_host.finish(),
-        })
+        Ok(b.finish())
+    }
+
+    /// [`Router::build`] over borrowed specs, each with its value (the specs' own values are ignored): a caller
+    /// that keeps its specs (to compare them with the next configuration's) need not copy them.
+    pub fn build_refs<'s, U: 's>(
+        specs: impl IntoIterator<Item = (&'s RouteSpec<U>, T)>,
+    ) -> Result<Self, RouterError> {
+        let specs = specs.into_iter();
+        let mut b = Build::with_capacity(specs.size_hint().0);
+        for (index, (spec, value)) in specs.enumerate() {
+            b.add(index, spec, value)?;
+        }
+        Ok(b.finish())
     }
 
     /// Number of routes (specs), not of URIs.
@@ -222,6 +201,83 @@ impl<T> Router<T> {
             }
         }
         true
+    }
+}
+
+/// A router being built: routes are added in insertion order.
+struct Build<T> {
+    b: Builder,
+    values: Vec<T>,
+    filters: Vec<Filter>,
+}
+
+impl<T> Build<T> {
+    fn with_capacity(n: usize) -> Self {
+        Build {
+            b: Builder::default(),
+            values: Vec::with_capacity(n),
+            filters: Vec::with_capacity(n),
+        }
+    }
+
+    fn add<U>(&mut self, index: usize, spec: &RouteSpec<U>, value: T) -> Result<(), RouterError> {
+        let err = |reason: String| RouterError { index, reason };
+        let route = u32::try_from(index).map_err(|_| err("too many routes".into()))?;
+        let filter = compile_filter(spec).map_err(err)?;
+        let (methods, filtered) = (
+            filter.methods,
+            !filter.addrs.is_empty() || filter.vars.is_some(),
+        );
+        self.filters.push(filter);
+        if spec.uris.is_empty() {
+            return Err(err("missing uri".into()));
+        }
+        let mut patterns = Vec::with_capacity(spec.uris.len());
+        for uri in &spec.uris {
+            let p = Pattern::compile(uri).map_err(|e| err(format!("uri {uri:?}: {e}")))?;
+            patterns.push((p, uri.len()));
+        }
+        let hosts = spec
+            .hosts
+            .iter()
+            .map(|h| compile_host(h))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(err)?;
+        for (pattern, uri_len) in patterns {
+            let cand = PendingCandidate {
+                route,
+                methods,
+                filtered,
+                priority: spec.priority,
+                uri_len,
+                pattern,
+            };
+            if hosts.is_empty() {
+                self.b.any_host.add(cand);
+            } else {
+                for host in &hosts {
+                    self.b.host_table(host).add(cand.clone());
+                }
+            }
+        }
+        self.values.push(value);
+        Ok(())
+    }
+
+    fn finish(self) -> Router<T> {
+        let Build { b, values, filters } = self;
+        Router {
+            values,
+            filters,
+            has_host_routes: !b.host_tables.is_empty(),
+            hosts: b.hosts.finish(),
+            host_tables: b
+                .host_tables
+                .into_iter()
+                .map(TableBuilder::finish)
+                .collect(),
+            any_host: b.any_host.finish(),
+        }
     }
 }
 

@@ -420,18 +420,18 @@ impl Snapshot {
     }
 }
 
-fn fill<T: serde::de::DeserializeOwned>(
+fn fill<T: serde::de::DeserializeOwned, A: From<T>>(
     snap: &Snapshot,
     kind: &str,
     de: &DataEncryption,
-    out: &mut Vec<T>,
+    out: &mut Vec<A>,
     set_id: impl Fn(&mut T, Id),
 ) {
     for (id, e) in snap.list(kind) {
         match T::deserialize(&*de.decrypted_at(kind, id, &e.value)) {
             Ok(mut v) => {
                 set_id(&mut v, Id(id.to_owned()));
-                out.push(v);
+                out.push(A::from(v));
             }
             Err(err) => {
                 tracing::error!(kind, id, error = %err, "stored resource does not parse; skipped")

@@ -3,13 +3,17 @@
 //! by `Arc` so that "same input" is a pointer comparison, and the rest of the configuration plugin chains may read
 //! (consumers, credentials, metadata, ...). A route is reused only when its route, service, plugin config,
 //! referenced upstream runtime, that environment and the plugin state (`Shared`) are all unchanged; anything else
-//! compiles afresh. It does not make the router incremental: `Router::build` still runs over every route.
+//! compiles afresh. Issue 16 (route scale) made the walk over the unchanged routes cost pointers, not
+//! allocations: routes are `Arc`s shared with the configuration they came from (an unchanged route is recognised
+//! by pointer before any comparison), the cache is a list in route order (route `i` of the next compile is looked
+//! for at the position it had, by hash only when the order shifted) and each entry keeps its router spec and
+//! `RouteMeta` behind `Arc`s, so reusing a route clones a few pointers.
 
 use std::sync::Arc;
 
 use ahash::AHashMap;
 use sluice_model::{Id, PluginConfig, Resources, Route, Service};
-use sluice_plugins::{Chain, Shared};
+use sluice_plugins::{Chain, RouteMeta, Shared};
 use sluice_router::RouteSpec;
 
 use super::{CompiledRoute, Timeouts, UpstreamRt};
@@ -24,16 +28,18 @@ pub(super) struct Reuse {
     env: Arc<Resources>,
     services: AHashMap<String, Arc<Service>>,
     plugin_configs: AHashMap<String, Arc<PluginConfig>>,
-    routes: AHashMap<Arc<str>, Arc<CachedRoute>>,
+    /// In the order the routes were compiled (the configuration's order).
+    routes: Vec<Arc<CachedRoute>>,
 }
 
 pub(super) struct CachedRoute {
-    route: Route,
+    route: Arc<Route>,
     service: Option<Arc<Service>>,
     plugin_config: Option<Arc<PluginConfig>>,
     /// The shared upstream it points at (`None`: inline, kept as `r:<id>`).
     upstream_id: Option<String>,
-    spec: RouteSpec<u32>,
+    pub(super) spec: Arc<RouteSpec<()>>,
+    pub(super) meta: Arc<RouteMeta>,
     id: Arc<str>,
     service_key: Option<Arc<str>>,
     upstream: Arc<UpstreamRt>,
@@ -42,9 +48,60 @@ pub(super) struct CachedRoute {
     websocket: bool,
 }
 
+/// The previous compile's routes by id: at an expected position first, by hash only when that misses.
+pub(super) struct Lookup<'p> {
+    prev: Option<&'p Reuse>,
+    /// Positions by id, built only when the order shifted.
+    by_id: std::cell::OnceCell<AHashMap<Arc<str>, usize>>,
+}
+
+impl<'p> Lookup<'p> {
+    pub fn new(prev: Option<&'p Reuse>) -> Lookup<'p> {
+        Lookup {
+            prev,
+            by_id: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The entry of route `id` and its position, looked for at position `hint` first.
+    fn find(&self, id: &str, hint: Option<usize>) -> Option<(usize, &'p Arc<CachedRoute>)> {
+        let prev = self.prev?;
+        if let Some(i) = hint.filter(|&i| prev.routes.get(i).is_some_and(|c| &*c.id == id)) {
+            return prev.routes.get(i).map(|c| (i, c));
+        }
+        let at = *self
+            .by_id
+            .get_or_init(|| {
+                prev.routes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.id.clone(), i))
+                    .collect()
+            })
+            .get(id)?;
+        prev.routes.get(at).map(|c| (at, c))
+    }
+
+    /// The router spec route `id` had in the previous compile.
+    pub fn spec_of(&self, id: &str, hint: Option<usize>) -> Option<&'p Arc<RouteSpec<()>>> {
+        self.find(id, hint).map(|(_, c)| &c.spec)
+    }
+
+    /// The inline upstream runtime route `id` had in the previous compile (its `r:<id>` runtime), whatever
+    /// else changed since: an unchanged upstream keeps its runtime (health, balancer state).
+    pub fn inline_upstream(&self, id: &str, hint: Option<usize>) -> Option<&'p Arc<UpstreamRt>> {
+        let (_, c) = self.find(id, hint)?;
+        c.upstream_id.is_none().then_some(&c.upstream)
+    }
+}
+
 /// The next compile's view of the previous one.
 pub(super) struct Builder<'p> {
+    /// The previous compile when its plugin state and environment are the same (else nothing is reused).
     old: Option<&'p Reuse>,
+    lookup: Lookup<'p>,
+    /// Where the previous compile's route for the next position is expected: its position minus the next one.
+    shift: isize,
     pub next: Reuse,
 }
 
@@ -98,7 +155,7 @@ impl Reuse {
     /// Where route `id`'s merged plugin `name` came from, as `merge_route_service` lets them override: the
     /// route's own, else its plugin config's, else its service's.
     pub(super) fn source_of(&self, id: &str, name: &str) -> (&'static str, String) {
-        let Some(c) = self.routes.get(id) else {
+        let Some(c) = self.routes.iter().find(|c| &*c.id == id) else {
             return ("route", id.to_owned());
         };
         if c.route.plugins.contains_key(name) {
@@ -119,6 +176,17 @@ impl Reuse {
 }
 
 impl<'p> Builder<'p> {
+    /// The previous compile's entry for route `id`, looked for at position `hint` first.
+    fn find_old(&self, id: &str, hint: Option<usize>) -> Option<(usize, &'p Arc<CachedRoute>)> {
+        self.old?;
+        self.lookup.find(id, hint)
+    }
+
+    /// Where the previous compile's entry for the next route is expected (see [`Lookup::find`]).
+    pub fn expected(&self) -> Option<usize> {
+        self.next.routes.len().checked_add_signed(self.shift)
+    }
+
     pub fn new(prev: Option<&'p Reuse>, res: &Resources, shared: &Shared) -> Builder<'p> {
         let addr = shared as *const Shared as usize;
         let old = prev.filter(|p| p.shared == addr);
@@ -155,12 +223,14 @@ impl<'p> Builder<'p> {
             .collect();
         Builder {
             old,
+            lookup: Lookup::new(old),
+            shift: 0,
             next: Reuse {
                 shared: addr,
                 env,
                 services,
                 plugin_configs,
-                routes: AHashMap::with_capacity(res.routes.len()),
+                routes: Vec::with_capacity(res.routes.len()),
             },
         }
     }
@@ -177,15 +247,28 @@ impl<'p> Builder<'p> {
             .cloned()
     }
 
-    /// The previous compile of `r` when every input is unchanged: its router spec (with `value` set to `index`),
-    /// its compiled route, and whether its upstream is inline (to be registered as `r:<id>`).
+    /// The previous compile of `r` when every input is unchanged: its cache entry (router spec, `RouteMeta`) and
+    /// its compiled route.
     pub fn reuse(
         &mut self,
-        r: &Route,
+        r: &Arc<Route>,
         shared_ups: &AHashMap<&str, Arc<UpstreamRt>>,
-        index: u32,
-    ) -> Option<(RouteSpec<u32>, CompiledRoute, bool)> {
-        let c = self.old?.routes.get(r.id.0.as_str())?;
+    ) -> Option<(Arc<CachedRoute>, CompiledRoute)> {
+        let index = self.next.routes.len();
+        let hint = index.checked_add_signed(self.shift);
+        // The same route (pointer) at the expected position: found without reading its id.
+        let same = self.old.and_then(|o| {
+            let i = hint?;
+            o.routes
+                .get(i)
+                .filter(|c| Arc::ptr_eq(&c.route, r))
+                .map(|c| (i, c))
+        });
+        let (at, c) = match same {
+            Some(hit) => hit,
+            None => self.find_old(&r.id.0, hint)?,
+        };
+        self.shift = at as isize - index as isize;
         let fresh_up = match &c.upstream_id {
             Some(id) => shared_ups
                 .get(id.as_str())
@@ -195,12 +278,10 @@ impl<'p> Builder<'p> {
         if !(fresh_up
             && same_ptr(&c.service, &self.service(&r.service_id))
             && same_ptr(&c.plugin_config, &self.plugin_config(&r.plugin_config_id))
-            && c.route == *r)
+            && (Arc::ptr_eq(&c.route, r) || *c.route == **r))
         {
             return None;
         }
-        let mut spec = c.spec.clone();
-        spec.value = index;
         let compiled = CompiledRoute {
             id: c.id.clone(),
             service: c.service_key.clone(),
@@ -208,19 +289,20 @@ impl<'p> Builder<'p> {
             timeouts: c.timeouts,
             plugins: c.plugins.clone(),
             websocket: c.websocket,
+            inline: c.upstream_id.is_none(),
             dangling: None,
         };
-        let inline = c.upstream_id.is_none();
-        self.next.routes.insert(c.id.clone(), c.clone());
-        Some((spec, compiled, inline))
+        self.next.routes.push(c.clone());
+        Some((c.clone(), compiled))
     }
 
     /// Records a freshly compiled route for the next compile.
     pub fn record(
         &mut self,
-        r: &Route,
+        r: &Arc<Route>,
         upstream_id: Option<String>,
-        spec: &RouteSpec<u32>,
+        spec: Arc<RouteSpec<()>>,
+        meta: Arc<RouteMeta>,
         compiled: &CompiledRoute,
     ) {
         let c = CachedRoute {
@@ -228,7 +310,8 @@ impl<'p> Builder<'p> {
             service: self.service(&r.service_id),
             plugin_config: self.plugin_config(&r.plugin_config_id),
             upstream_id,
-            spec: spec.clone(),
+            spec,
+            meta,
             id: compiled.id.clone(),
             service_key: compiled.service.clone(),
             upstream: compiled.upstream.clone(),
@@ -236,8 +319,18 @@ impl<'p> Builder<'p> {
             plugins: compiled.plugins.clone(),
             websocket: compiled.websocket,
         };
-        self.next.routes.insert(compiled.id.clone(), Arc::new(c));
+        self.next.routes.push(Arc::new(c));
     }
+}
+
+/// Two router specs that compile to the same matching (values aside).
+pub(super) fn same_spec(a: &RouteSpec<()>, b: &RouteSpec<()>) -> bool {
+    a.uris == b.uris
+        && a.hosts == b.hosts
+        && a.methods == b.methods
+        && a.remote_addrs == b.remote_addrs
+        && a.vars == b.vars
+        && a.priority == b.priority
 }
 
 fn same_ptr<T>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {

@@ -90,6 +90,7 @@ pub(super) fn compile(
                 timeouts,
                 plugins: route.plugins.clone(),
                 websocket: route.websocket,
+                inline: false,
                 dangling: None,
             });
         }

@@ -41,8 +41,8 @@ pub fn patch_resources<'a>(
                 key,
                 id,
                 de,
-                |x: &sluice_model::Route| x.id.0.as_str(),
-                |x, id| x.id = id,
+                |x: &std::sync::Arc<sluice_model::Route>| x.id.0.as_str(),
+                |x: &mut sluice_model::Route, id| x.id = id,
             ),
             "services" if !nested => patch(
                 &mut r.services,
@@ -94,13 +94,13 @@ pub fn patch_is_local(key: &str) -> bool {
 }
 
 /// Replaces, inserts or removes the element `id` of a vector kept sorted by id.
-fn patch<T: DeserializeOwned>(
-    out: &mut Vec<T>,
+fn patch<T: DeserializeOwned, A: From<T>>(
+    out: &mut Vec<A>,
     next: &Snapshot,
     key: &str,
     id: &str,
     de: &DataEncryption,
-    get_id: impl Fn(&T) -> &str,
+    get_id: impl Fn(&A) -> &str,
     set_id: impl Fn(&mut T, Id),
 ) {
     let at = out.binary_search_by(|x| get_id(x).cmp(id));
@@ -109,7 +109,7 @@ fn patch<T: DeserializeOwned>(
         .and_then(|e| match T::deserialize(&*de.decrypted(key, &e.value)) {
             Ok(mut v) => {
                 set_id(&mut v, Id(id.to_owned()));
-                Some(v)
+                Some(A::from(v))
             }
             Err(err) => {
                 tracing::error!(key, error = %err, "stored resource does not parse; skipped");

@@ -156,3 +156,153 @@ fn prepare_validates_fresh_routes_and_finish_builds_the_router() {
     assert_eq!(ids(&s), ids(&full));
     assert_eq!(s.router.len(), 4);
 }
+
+/// The route id `s` routes `GET host path` to.
+fn routed(s: &Snapshot, host: Option<&str>, path: &str) -> Option<String> {
+    let q = crate::inspect::MatchInput {
+        method: "GET",
+        host,
+        uri: path,
+        headers: &[],
+        remote: std::net::IpAddr::from([127, 0, 0, 1]),
+        consumer: None,
+    };
+    s.match_request(&q, false)
+        .expect("match")
+        .map(|o| o.route_id)
+}
+
+#[test]
+fn router_is_kept_when_no_route_matching_changes() {
+    let shared = Shared::default();
+    let v0 = base();
+    let s0 = Snapshot::compile_with(&res(v0.clone()), 1, &shared).expect("compile");
+    // Route 2's upstream and plugins change: same matching, the router is the previous one.
+    let mut v1 = v0.clone();
+    v1["routes"][1]["upstream"]["nodes"] = json!({"127.0.0.1:1985": 1});
+    v1["routes"][1]["plugins"] = json!({});
+    let s1 = Snapshot::compile_next(&res(v1.clone()), 2, &shared, Some(&s0)).expect("compile");
+    assert!(Arc::ptr_eq(&s0.router, &s1.router));
+    assert!(same(&s0, &s1, "1"));
+    let r2 = s1.routes.iter().find(|r| &*r.id == "2").expect("route 2");
+    assert_eq!(r2.upstream.nodes[0].addr.port(), 1985);
+    // Its uri changes: a new router, which routes the new uri and no longer the old one.
+    let mut v2 = v1.clone();
+    v2["routes"][1]["uri"] = json!("/b2");
+    let s2 = Snapshot::compile_next(&res(v2.clone()), 3, &shared, Some(&s1)).expect("compile");
+    assert!(!Arc::ptr_eq(&s1.router, &s2.router));
+    assert_eq!(routed(&s2, None, "/b2").as_deref(), Some("2"));
+    assert_eq!(routed(&s2, None, "/b"), None);
+    // A new route (every later index shifts) and a deleted one rebuild it too; a host change as well.
+    for edit in [
+        json!({"add": route("15", "/new", json!({}))}),
+        json!({"remove": 0}),
+        json!({"host": "a.example.com"}),
+    ] {
+        let mut v = v2.clone();
+        let routes = v["routes"].as_array_mut().expect("routes");
+        if let Some(r) = edit.get("add") {
+            routes.insert(1, r.clone());
+        } else if let Some(i) = edit.get("remove").and_then(|i| i.as_u64()) {
+            routes.remove(i as usize);
+        } else {
+            routes[2]["host"] = edit["host"].clone();
+        }
+        let s = Snapshot::compile_next(&res(v.clone()), 4, &shared, Some(&s2)).expect("compile");
+        assert!(!Arc::ptr_eq(&s2.router, &s.router), "{edit}");
+        let full = Snapshot::compile_with(&res(v), 4, &Shared::default()).expect("compile");
+        for (host, path) in [
+            (None, "/a"),
+            (None, "/b2"),
+            (None, "/c"),
+            (None, "/d"),
+            (None, "/new"),
+        ]
+        .into_iter()
+        .chain([(Some("a.example.com"), "/c"), (Some("b.example.com"), "/c")])
+        {
+            assert_eq!(
+                routed(&s, host, path),
+                routed(&full, host, path),
+                "{edit} {path}"
+            );
+        }
+    }
+}
+
+/// Random route sets edited at random (add, delete, change uri, host, method, priority or upstream): each
+/// successor compiled from the previous snapshot routes every probe as a compile from scratch does, and keeps
+/// the previous router exactly when no route's matching changed.
+#[test]
+fn successive_compiles_route_like_full_compiles() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+    let uris = ["/a", "/a/*", "/b", "/b/:id", "/c*", "/", "/*", "/a/b"];
+    let hosts = [None, Some("x.test"), Some("*.test")];
+    let mk = |rng: &mut rand::rngs::StdRng, id: u32| {
+        let mut r = json!({"id": id.to_string(), "uri": uris[rng.gen_range(0..uris.len())],
+            "priority": rng.gen_range(0..3),
+            "upstream": {"type": "roundrobin", "nodes": {format!("127.0.0.1:{}", 2000 + rng.gen_range(0..3)): 1}}});
+        if let Some(h) = hosts[rng.gen_range(0..hosts.len())] {
+            r["host"] = json!(h);
+        }
+        if rng.gen_bool(0.3) {
+            r["methods"] = json!(["POST"]);
+        }
+        r
+    };
+    let probes = ["/a", "/a/x", "/a/b", "/b", "/b/7", "/c", "/cd", "/", "/zz"];
+    let shared = Shared::default();
+    for round in 0..20 {
+        let mut routes: Vec<serde_json::Value> =
+            (0..rng.gen_range(1..12)).map(|i| mk(&mut rng, i)).collect();
+        let mut next_id = 100;
+        let mut prev =
+            Snapshot::compile_with(&res(json!({"routes": routes})), 1, &shared).expect("compile");
+        for step in 0..15 {
+            let i = rng.gen_range(0..routes.len());
+            let matching = match rng.gen_range(0..5) {
+                0 => {
+                    next_id += 1;
+                    routes.insert(i, mk(&mut rng, next_id));
+                    true
+                }
+                1 if routes.len() > 1 => {
+                    routes.remove(i);
+                    true
+                }
+                2 => {
+                    let id = routes[i]["id"].as_str().map(str::to_owned).expect("id");
+                    let mut r = mk(&mut rng, 0);
+                    r["id"] = json!(id);
+                    routes[i] = r;
+                    true
+                }
+                _ => {
+                    let port = 2000 + rng.gen_range(0..3);
+                    routes[i]["upstream"]["nodes"] = json!({format!("127.0.0.1:{port}"): 1});
+                    false
+                }
+            };
+            let v = res(json!({"routes": routes}));
+            let next = Snapshot::compile_next(&v, 2, &shared, Some(&prev)).expect("compile");
+            let full = Snapshot::compile_with(&v, 2, &Shared::default()).expect("compile");
+            if !matching {
+                assert!(
+                    Arc::ptr_eq(&prev.router, &next.router),
+                    "round {round} step {step}"
+                );
+            }
+            for host in [None, Some("x.test"), Some("y.test")] {
+                for p in probes {
+                    assert_eq!(
+                        routed(&next, host, p),
+                        routed(&full, host, p),
+                        "round {round} step {step} {host:?} {p}"
+                    );
+                }
+            }
+            prev = next;
+        }
+    }
+}
