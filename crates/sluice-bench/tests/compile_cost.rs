@@ -26,7 +26,9 @@ fn route(i: usize, uri: &str) -> Route {
 #[ignore]
 fn measure_compile_100k() {
     let mut res = Resources {
-        routes: (1..=N).map(|i| route(i, &format!("/r/{i}"))).collect(),
+        routes: (1..=N)
+            .map(|i| std::sync::Arc::new(route(i, &format!("/r/{i}"))))
+            .collect(),
         ..Resources::default()
     };
     let shared = Shared::default();
@@ -36,7 +38,7 @@ fn measure_compile_100k() {
     println!("compile (whole, {N} routes): {:?}", t.elapsed());
     assert_eq!(first.route_count(), N);
 
-    res.routes[499] = route(500, "/changed");
+    res.routes[499] = route(500, "/changed").into();
     let t = Instant::now();
     let next = Snapshot::compile_next(&res, 2, &shared, Some(&first)).expect("compile_next");
     println!("compile_next (1 route changed): {:?}", t.elapsed());
