@@ -18,7 +18,7 @@ pub use extra::{ConsumerGroup, Credential, PluginMetadata, Proto, Secret};
 pub use merge::{merge_route_service, EffectiveRoute};
 pub use node::{
     CacheZoneSection, CheckedConfig, DataEncryptionSection, ListenAddr, NginxTime, NodeConfig,
-    ProxyCacheSection, WorkerCount,
+    ProxyCacheSection, WasmPlugin, WasmSection, WorkerCount,
 };
 pub use resource::*;
 

@@ -28,4 +28,5 @@ mod shutdown;
 mod stream;
 mod support;
 mod tracing;
+mod wasm;
 mod zookeeper;
