@@ -22,7 +22,14 @@ use crate::support::{free_port, refused_addr, t, Client, Origin};
 
 const KEY: &str = "wasm-admin-key";
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
-const FILTERS: [&str; 5] = ["add_header", "local", "callout", "trap", "loop"];
+const FILTERS: [&str; 6] = [
+    "add_header",
+    "local",
+    "callout",
+    "trap",
+    "loop",
+    "resp_header",
+];
 
 fn tool_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../sluice-wasm/tools/filters")
