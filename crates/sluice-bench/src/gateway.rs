@@ -91,6 +91,13 @@ fn access_log_value(dir: &Path, on: bool) -> String {
     }
 }
 
+/// YAML added to every node config this process writes (`--node-config-append`).
+static APPEND: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+pub fn append_to_node_config(text: String) {
+    let _ = APPEND.set(text);
+}
+
 /// Writes `config.yaml` for a gateway listening on `port`.
 pub fn write_node_config(
     dir: &Path,
@@ -103,6 +110,10 @@ pub fn write_node_config(
         workers_value(workers),
         access_log_value(dir, access_log)
     );
+    let text = match APPEND.get() {
+        Some(extra) => format!("{text}{extra}"),
+        None => text,
+    };
     write(dir, "config.yaml", &text)
 }
 

@@ -113,6 +113,10 @@ pub struct BenchArgs {
     /// "x"}}'`: a plugin's per-request cost is this run's figure minus a run without it.
     #[arg(long, value_name = "JSON")]
     pub route_plugins: Option<String>,
+    /// YAML appended to every Sluice node's `config.yaml` (e.g. a `wasm:` section declaring the modules
+    /// `--route-plugins` uses; give their files as absolute paths).
+    #[arg(long, value_name = "FILE")]
+    pub node_config_append: Option<std::path::PathBuf>,
     /// An extra request header the generator sends, `Name: value` (repeatable).
     #[arg(long = "header", short = 'H', value_name = "NAME: VALUE")]
     pub headers: Vec<String>,
@@ -172,6 +176,11 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         if !v.is_object() {
             return Err("--route-plugins: want a JSON object".into());
         }
+    }
+    if let Some(f) = &args.node_config_append {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| format!("--node-config-append {}: {e}", f.display()))?;
+        gateway::append_to_node_config(text);
     }
     let mut headers = Vec::new();
     for h in &args.headers {

@@ -18,7 +18,8 @@ pub use extra::{ConsumerGroup, Credential, PluginMetadata, Proto, Secret};
 pub use merge::{merge_route_service, EffectiveRoute};
 pub use node::{
     CacheZoneSection, CheckedConfig, DataEncryptionSection, ListenAddr, NginxTime, NodeConfig,
-    ProxyCacheSection, ProxyProtocolSection, WorkerCount, DEFAULT_STREAM_ACCESS_LOG_FORMAT,
+    ProxyCacheSection, ProxyProtocolSection, WasmPlugin, WasmSection, WorkerCount,
+    DEFAULT_STREAM_ACCESS_LOG_FORMAT,
 };
 pub use resource::*;
 

@@ -70,6 +70,44 @@ pub struct NodeConfig {
     /// `plugin_attr:` per-plugin node settings (e.g. prometheus export address).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plugin_attr: Option<serde_json::Map<String, Value>>,
+    /// `wasm:` proxy-wasm modules loaded as plugins (APISIX's `wasm.plugins`).
+    #[serde(skip_serializing_if = "WasmSection::is_empty")]
+    pub wasm: WasmSection,
+}
+
+/// APISIX's `wasm` section: each module becomes a plugin of its `name`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WasmSection {
+    pub plugins: Vec<WasmPlugin>,
+}
+
+impl WasmSection {
+    pub fn is_empty(&self) -> bool {
+        self.plugins.is_empty()
+    }
+}
+
+/// One `wasm.plugins` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WasmPlugin {
+    pub name: String,
+    pub priority: i32,
+    /// The `.wasm` file; a relative path is taken from the config file's directory.
+    pub file: String,
+    /// Where `proxy_on_request_headers` runs: `access` (APISIX's default) or `rewrite`.
+    #[serde(default = "default_wasm_phase")]
+    pub http_request_phase: String,
+    /// Sluice: the longest one call into the filter may run, in seconds (default 0.1); past it the call traps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_timeout: Option<f64>,
+    /// Sluice: the most linear memory one instance may have, in bytes (default 64 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<u64>,
+}
+
+fn default_wasm_phase() -> String {
+    "access".into()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -225,6 +225,17 @@ impl Ctx<'_> {
         }
     }
 
+    /// The state [`Ctx::body_state`] holds for `key`, if any, read through `&Ctx` (the log phase).
+    pub fn body_state_ref<T: Any>(&self, key: *const ()) -> Option<&T> {
+        let key = key as usize;
+        self.out
+            .state
+            .iter()
+            .find(|(k, _)| *k == key)?
+            .1
+            .downcast_ref::<T>()
+    }
+
     /// Hands the upstream's trailers to the plugins; the proxy calls it before the eof body_filter call.
     pub fn set_upstream_trailers(&mut self, trailers: Vec<(Bytes, Bytes)>) {
         self.out.trailers = trailers;

@@ -41,6 +41,7 @@ mod grpc_transcode;
 mod grpc_web;
 mod gzip;
 pub mod hmac_auth;
+pub mod http_call;
 mod http_dubbo;
 mod http_logger;
 mod ip_restriction;

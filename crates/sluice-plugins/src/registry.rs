@@ -1,7 +1,7 @@
 //! The plugin registry: one line per plugin, in descending priority order (checked by a test). Adding a plugin is
 //! its file plus one line here.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
@@ -78,7 +78,94 @@ pub static REGISTRY: &[Entry] = &[
 ];
 
 pub fn find(name: &str) -> Option<&'static Entry> {
-    REGISTRY.iter().find(|e| e.name == name)
+    REGISTRY
+        .iter()
+        .find(|e| e.name == name)
+        .or_else(|| EXTERNAL.get()?.1.iter().find(|e| e.name == name))
+}
+
+/// Every plugin: the built-in ones, then the external ones installed at startup.
+pub fn all() -> impl Iterator<Item = &'static Entry> {
+    REGISTRY
+        .iter()
+        .chain(EXTERNAL.get().into_iter().flat_map(|(_, e)| e.iter()))
+}
+
+/// A plugin loaded at startup rather than compiled in (a Wasm module declared in config.yaml's `wasm` section).
+/// Once installed with [`install_external`], it is a registry entry like any other: routes, services, global
+/// rules, consumers and the Admin API's checks find it by name.
+pub trait External: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn priority(&self) -> i32;
+    fn schema(&self) -> Value;
+    fn check(&self, conf: &Value) -> Result<(), String>;
+    fn compile(&self, conf: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String>;
+}
+
+/// How many external plugins one process can install.
+pub const MAX_EXTERNAL: usize = 32;
+
+type Externals = (Vec<Box<dyn External>>, Vec<Entry>);
+static EXTERNAL: OnceLock<Externals> = OnceLock::new();
+
+fn external(i: usize) -> &'static dyn External {
+    // An entry `i` exists only once the list is installed with at least `i + 1` plugins.
+    match EXTERNAL.get().and_then(|(l, _)| l.get(i)) {
+        Some(p) => p.as_ref(),
+        None => unreachable!("external plugin entry {i} without its plugin"),
+    }
+}
+
+fn ext_schema<const I: usize>() -> Value {
+    external(I).schema()
+}
+fn ext_check<const I: usize>(conf: &Value) -> Result<(), String> {
+    external(I).check(conf)
+}
+fn ext_compile<const I: usize>(
+    conf: &Value,
+    env: &CompileEnv<'_>,
+) -> Result<Arc<dyn Plugin>, String> {
+    external(I).compile(conf, env)
+}
+
+type Fns = (fn() -> Value, fn(&Value) -> Result<(), String>, CompileFn);
+
+macro_rules! ext_fns {
+    ($($i:literal)*) => { [$((ext_schema::<$i>, ext_check::<$i>, ext_compile::<$i>),)*] };
+}
+
+/// Entries hold plain `fn`s: external plugin `i` is reached through the `i`-th instantiation of these.
+static EXT_FNS: [Fns; MAX_EXTERNAL] =
+    ext_fns!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+
+/// Installs the external plugins, once per process (at startup, before any configuration is compiled). Fails on
+/// a name taken by a built-in plugin or by another external one, past [`MAX_EXTERNAL`], or when called twice.
+pub fn install_external(list: Vec<Box<dyn External>>) -> Result<(), String> {
+    if list.len() > MAX_EXTERNAL {
+        return Err(format!("at most {MAX_EXTERNAL} external plugins"));
+    }
+    let mut entries = Vec::with_capacity(list.len());
+    for (i, p) in list.iter().enumerate() {
+        let name = p.name();
+        if REGISTRY.iter().any(|e| e.name == name) || entries.iter().any(|e: &Entry| e.name == name)
+        {
+            return Err(format!("plugin name {name:?} is already taken"));
+        }
+        let (schema, check, compile) = EXT_FNS[i];
+        entries.push(Entry {
+            name,
+            priority: p.priority(),
+            auth: false,
+            schema,
+            check,
+            compile,
+            secrets: sluice_secrets::SecretFields::NONE,
+        });
+    }
+    EXTERNAL
+        .set((list, entries))
+        .map_err(|_| "external plugins are already installed".to_owned())
 }
 
 /// An auth plugin's `consumer_schema` as APISIX serves it (`GET /apisix/admin/schema/plugins/{name}?schema_type=

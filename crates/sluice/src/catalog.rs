@@ -2,13 +2,13 @@
 //! place each plugin declares them.
 
 use serde_json::Value;
-use sluice_plugins::registry::{self, REGISTRY};
+use sluice_plugins::registry;
 
 pub struct RegistryCatalog;
 
 impl sluice_admin::PluginCatalog for RegistryCatalog {
     fn names(&self) -> Vec<String> {
-        REGISTRY.iter().map(|e| e.name.to_owned()).collect()
+        registry::all().map(|e| e.name.to_owned()).collect()
     }
     fn schema(&self, name: &str) -> Option<Value> {
         registry::find(name).map(|e| (e.schema)())

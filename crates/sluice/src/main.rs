@@ -11,6 +11,7 @@ mod instance;
 mod logging;
 mod start;
 mod test_config;
+mod wasm;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -59,6 +59,8 @@ pub fn run(
     let workers = workers.unwrap_or_else(|| node.nginx_config.worker_processes.resolve());
     let resources_path = apisix_yaml.unwrap_or_else(|| config.with_file_name("apisix.yaml"));
     let conf_dir = config.parent().unwrap_or(Path::new(".")).to_path_buf();
+    // proxy-wasm modules (`wasm.plugins`) become plugins before any configuration is compiled.
+    crate::wasm::install(&node, &conf_dir)?;
     // One instance per pid file, and never two on the same ports (SO_REUSEPORT would share them silently).
     let pid_lock = PidLock::acquire(&instance::pid_path(config, &node))?;
     // A control plane serves the Admin API only; the data planes watching its etcd proxy.

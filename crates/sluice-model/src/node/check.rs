@@ -299,7 +299,16 @@ pub(crate) const KEYS: &[Key] = &[
     s("discovery.zookeeper.connect_timeout", Num),
     a("graphql"),
     a("ext-plugin"),
-    a("wasm"),
+    // wasm: APISIX's `wasm.plugins` (name, priority, file, http_request_phase) plus Sluice's per-call limits.
+    s("wasm", Map),
+    s("wasm.plugins", List),
+    s("wasm.plugins[]", Map),
+    s("wasm.plugins[].name", Str),
+    s("wasm.plugins[].priority", Int(0, i32::MAX as u64)),
+    s("wasm.plugins[].file", Str),
+    s("wasm.plugins[].http_request_phase", Enum(&["access", "rewrite"])),
+    s("wasm.plugins[].call_timeout", Num),
+    s("wasm.plugins[].memory_limit", Int(1 << 16, 4 << 30)),
     a("xrpc"),
     a("etcd"),
     // Sluice's own section

@@ -29,4 +29,5 @@ mod shutdown;
 mod stream;
 mod support;
 mod tracing;
+mod wasm;
 mod zookeeper;
