@@ -111,7 +111,7 @@ fn decode_text(body: &[u8]) -> Result<Vec<u8>, GrpcWebError> {
     let mut chunk: Vec<u8> = Vec::with_capacity(body.len().min(64 * 1024));
     let flush = |chunk: &mut Vec<u8>, out: &mut Vec<u8>| -> Result<(), GrpcWebError> {
         if !chunk.is_empty() {
-            if chunk.len() % 4 != 0 {
+            if !chunk.len().is_multiple_of(4) {
                 return Err(GrpcWebError::Base64);
             }
             engine
@@ -130,7 +130,7 @@ fn decode_text(body: &[u8]) -> Result<Vec<u8>, GrpcWebError> {
         }
         chunk.push(b);
         // A padded quad ends a chunk.
-        if b == b'=' && chunk.len() % 4 == 0 {
+        if b == b'=' && chunk.len().is_multiple_of(4) {
             flush(&mut chunk, &mut out)?;
         } else if b == b'=' && chunk.len() % 4 == 3 {
             // "xx=" so far: the next '=' completes the quad.
