@@ -177,6 +177,11 @@ fn websocket_refused_without_enable_websocket_like_apisix() {
             "handshake must fail with enable_websocket {flag:?}"
         );
     }
+    // The origin counts a refusal after writing its answer, so the client can see the answer first.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while o.refused.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(o.upgraded.load(Ordering::SeqCst), 0);
     assert_eq!(o.refused.load(Ordering::SeqCst), 2);
 }
