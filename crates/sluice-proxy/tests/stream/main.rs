@@ -157,7 +157,8 @@ fn tls_origin(ca: &Pki, name: &'static str) -> Origin {
 }
 
 /// Connects through `addr` with TLS for `sni`, trusting only `ca`; returns what the server wrote.
-fn tls_get(addr: SocketAddr, ca: &Pki, sni: &str) -> Result<String, String> {
+/// A TLS client trusting `ca`'s certificate, for `sni`.
+fn tls_client(ca: &Pki, sni: &str) -> rustls::ClientConnection {
     provider();
     let mut roots = rustls::RootCertStore::empty();
     roots
@@ -166,11 +167,15 @@ fn tls_get(addr: SocketAddr, ca: &Pki, sni: &str) -> Result<String, String> {
     let cfg = rustls::ClientConfig::builder()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let mut conn = rustls::ClientConnection::new(
+    rustls::ClientConnection::new(
         Arc::new(cfg),
         ServerName::try_from(sni.to_string()).unwrap(),
     )
-    .unwrap();
+    .unwrap()
+}
+
+fn tls_get(addr: SocketAddr, ca: &Pki, sni: &str) -> Result<String, String> {
+    let mut conn = tls_client(ca, sni);
     let mut tcp = TcpStream::connect(addr).map_err(|e| e.to_string())?;
     tcp.set_read_timeout(Some(IO)).unwrap();
     let mut s = rustls::Stream::new(&mut conn, &mut tcp);
@@ -367,17 +372,7 @@ fn tls_passthrough_by_sni_to_two_backends_and_termination_on_a_tls_listener() {
 
     // `tls: true` listener: Sluice terminates with the `ssls` certificate and routes by the handshake's SNI;
     // the echo origin gets cleartext.
-    provider();
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from(pki.cert.der().to_vec()))
-        .unwrap();
-    let cfg = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let mut conn =
-        rustls::ClientConnection::new(Arc::new(cfg), ServerName::try_from("t.test").unwrap())
-            .unwrap();
+    let mut conn = tls_client(&pki, "t.test");
     let mut tcp = TcpStream::connect(gw.tls).unwrap();
     tcp.set_read_timeout(Some(IO)).unwrap();
     let mut s = rustls::Stream::new(&mut conn, &mut tcp);

@@ -279,7 +279,6 @@ fn http_listener_feeds_remote_addr_ip_restriction_and_x_forwarded_for() {
 
 #[test]
 fn tls_follows_the_header_on_a_tls_listener() {
-    use rustls::pki_types::{CertificateDer, ServerName};
     let pki = super::ca();
     let term = super::leaf(&pki, "t.test");
     let (origin, _) = first_line_origin();
@@ -288,17 +287,7 @@ fn tls_follows_the_header_on_a_tls_listener() {
         "ssls": [{"id": 1, "snis": ["t.test"], "cert": term.cert.pem(), "key": term.key.serialize_pem()}]
     });
     let gw = PpGw::start(ListenerKind::StreamTls, res, true);
-    super::provider();
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from(pki.cert.der().to_vec()))
-        .unwrap();
-    let cfg = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let mut conn =
-        rustls::ClientConnection::new(Arc::new(cfg), ServerName::try_from("t.test").unwrap())
-            .unwrap();
+    let mut conn = super::tls_client(&pki, "t.test");
     let mut tcp = TcpStream::connect(gw.pp).unwrap();
     tcp.set_read_timeout(Some(IO)).unwrap();
     // The header, then the handshake: the client verifies the gateway's certificate for t.test.
