@@ -85,6 +85,7 @@ pub fn load_avg_1m() -> Option<f64> {
 #[derive(Debug, Clone)]
 pub struct Sampler {
     pids: Vec<u32>,
+    with_self: bool,
     busy: Option<u64>,
     own: Option<u64>,
     at: std::time::Instant,
@@ -110,18 +111,31 @@ impl Sampler {
     /// Starts a sample; `pids` are the roots of the round's process trees besides this process (gateway,
     /// mock).
     pub fn start(pids: &[u32]) -> Self {
+        Self::start_with(pids, true)
+    }
+
+    /// As [`Sampler::start`]; `with_self: false` leaves this process out of the round's own work. Its
+    /// reaped children's time lands in cutime all at once when they are waited for, so a child started
+    /// before the sample and reaped during it (another test's generator in a parallel test run) would
+    /// count its whole life as own work of the window.
+    pub fn start_with(pids: &[u32], with_self: bool) -> Self {
         let mut pids = pids.to_vec();
         pids.extend(ksoftirqd_pids());
         Sampler {
-            own: Self::own_ticks(&pids),
+            own: Self::own_ticks(&pids, with_self),
+            with_self,
             pids,
             busy: system_busy_ticks(),
             at: std::time::Instant::now(),
         }
     }
 
-    fn own_ticks(pids: &[u32]) -> Option<u64> {
-        let mut t = self_ticks_with_children()?;
+    fn own_ticks(pids: &[u32], with_self: bool) -> Option<u64> {
+        let mut t = if with_self {
+            self_ticks_with_children()?
+        } else {
+            0
+        };
         for p in pids {
             t += cpu_ticks_tree(*p).unwrap_or(0);
         }
@@ -131,7 +145,7 @@ impl Sampler {
     /// Ends the sample. `None` where /proc is not readable.
     pub fn finish(&self) -> Option<Noise> {
         let busy1 = system_busy_ticks()?;
-        let own1 = Self::own_ticks(&self.pids)?;
+        let own1 = Self::own_ticks(&self.pids, self.with_self)?;
         let secs = self.at.elapsed().as_secs_f64().max(1e-3);
         Some(foreign(
             busy1.checked_sub(self.busy?)?,
@@ -184,8 +198,8 @@ mod tests {
         assert!(!foreign(1_000, 1_002, 10.0, 100, 0.0).contaminated());
     }
 
-    /// A real contaminated window: a busy-loop process burns a CPU while a sample covers this process
-    /// only; the sample must flag it. The loop is a child of this test and is killed by its own id.
+    /// A real contaminated window: a busy-loop process burns a CPU while a sample covers the kernel's
+    /// softirq threads only; the sample must flag it. The loop is a child of this test and is killed by its own id.
     #[test]
     fn a_busy_loop_beside_the_round_is_flagged() {
         let mut burner = std::process::Command::new("sh")
@@ -193,7 +207,9 @@ mod tests {
             .spawn()
             .expect("spawn busy loop");
         std::thread::sleep(Duration::from_millis(100));
-        let s = Sampler::start(&[]);
+        // Without this process: the other tests of this binary run beside this one and reap generators
+        // they started before the window (see `start_with`).
+        let s = Sampler::start_with(&[], false);
         std::thread::sleep(Duration::from_millis(1500));
         let n = s.finish();
         let _ = burner.kill();
