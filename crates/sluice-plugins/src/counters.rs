@@ -80,6 +80,11 @@ pub(crate) fn now_ms() -> u64 {
     epoch().elapsed().as_millis() as u64 + 1
 }
 
+/// [`now_ms`] at `t`, a clock read the caller already made (the request's start: no clock read per request).
+pub(crate) fn ms_at(t: Instant) -> u64 {
+    t.saturating_duration_since(epoch()).as_millis() as u64 + 1
+}
+
 /// A window word holds the count in its low 32 bits and the window start in its high 32 bits, in 10 ms ticks
 /// since the counter epoch, compared with wrapping arithmetic. So counts up to 4.29e9 fit (APISIX's benchmark
 /// configures 2e9), a window opens at most 10 ms before its first request, and windows up to 248 days work.
@@ -116,8 +121,20 @@ pub(crate) struct Quota {
 pub(crate) struct WindowStore(Sharded<Window>);
 
 impl WindowStore {
+    #[cfg(test)]
     pub(crate) fn incoming(&self, key: u64, limit: u64, window_ms: u64, cost: u64) -> Quota {
-        let now = now_ms();
+        self.incoming_at(now_ms(), key, limit, window_ms, cost)
+    }
+
+    /// [`WindowStore::incoming`] at `now` ([`now_ms`] or [`ms_at`]).
+    pub(crate) fn incoming_at(
+        &self,
+        now: u64,
+        key: u64,
+        limit: u64,
+        window_ms: u64,
+        cost: u64,
+    ) -> Quota {
         self.0.with(
             key,
             || Window {

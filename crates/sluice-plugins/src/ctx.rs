@@ -137,6 +137,9 @@ pub struct Ctx<'a> {
     pub(crate) params: Option<sluice_router::Params>,
     /// opentelemetry's and zipkin's spans in progress (only on routes with one of them).
     pub(crate) trace: Option<Box<crate::trace::ReqTrace>>,
+    /// When the proxy had the request head (its own clock read): limit-count's windows count from it instead of
+    /// reading the clock again. `None` (bare unit tests): plugins read the clock.
+    pub started: Option<std::time::Instant>,
 }
 
 impl<'a> Ctx<'a> {
@@ -162,6 +165,7 @@ impl<'a> Ctx<'a> {
             io: Default::default(),
             params: None,
             trace: None,
+            started: None,
         }
     }
 

@@ -259,7 +259,12 @@ impl Plugin for LimitCount {
                 } else {
                     key_hash((self.scope, ctx.route_id, &*key))
                 };
-                self.windows.incoming(k, self.count, self.window_ms, 1)
+                let now = match ctx.started {
+                    Some(t) => crate::counters::ms_at(t),
+                    None => crate::counters::now_ms(),
+                };
+                self.windows
+                    .incoming_at(now, k, self.count, self.window_ms, 1)
             }
             Some((windows, prefix)) => {
                 let name = if self.grouped {
