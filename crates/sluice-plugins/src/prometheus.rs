@@ -29,6 +29,12 @@ pub const PRIORITY: i32 = 500;
 /// Label sets kept before new ones fold into the overflow series.
 pub const MAX_SERIES: usize = 10_000;
 
+/// A thread's cache of series handles is cleared when it reaches this many keys. Above [`MAX_SERIES`]: a load
+/// that uses every series of a full registry (100 routes x 100 consumers is exactly 10,000) plus a few more keys
+/// (other statuses, overflow) must stay cached, or every request would miss and rebuild its labels under the
+/// registry's lock.
+const CACHE_MAX: usize = 2 * MAX_SERIES;
+
 /// APISIX's default latency buckets, in milliseconds.
 pub const DEFAULT_BUCKETS: [f64; 15] = [
     1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 30000.0,
@@ -165,6 +171,12 @@ thread_local! {
     static CACHE: RefCell<ahash::AHashMap<CacheKey, Cached>> = RefCell::new(ahash::AHashMap::new());
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Cache misses of this thread (tests).
+    static MISSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 impl Metrics {
     /// Supplies `apisix_nginx_http_current_connections` / `apisix_http_requests_total` inputs from the proxy.
     pub fn set_connections_source(&self, f: impl Fn() -> ConnStats + Send + Sync + 'static) {
@@ -244,6 +256,8 @@ impl Metrics {
         if let Some(s) = hit {
             return s;
         }
+        #[cfg(test)]
+        MISSES.with(|m| m.set(m.get() + 1));
         let series = self.series(Labels {
             route: route.into(),
             service: service.into(),
@@ -259,7 +273,7 @@ impl Metrics {
         });
         CACHE.with(|c| {
             let mut c = c.borrow_mut();
-            if c.len() >= MAX_SERIES {
+            if c.len() >= CACHE_MAX {
                 c.clear();
             }
             c.insert(
@@ -341,5 +355,60 @@ impl Plugin for Prometheus {
     }
     fn log(&self, ctx: &Ctx<'_>, info: &LogInfo) {
         self.metrics.record(ctx, info, self.prefer_name);
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    /// 100 routes x 100 consumers fill the registry with exactly `MAX_SERIES` label sets; with a few more keys (a
+    /// 401 per route) a cache bounded at `MAX_SERIES` was cleared on every lap and missed on every request.
+    #[test]
+    fn every_series_of_a_full_registry_stays_cached() {
+        let mut buf = bytes::BytesMut::from(&b"GET /r HTTP/1.1\r\nHost: a\r\n\r\n"[..]);
+        let head = sluice_http::parse_request(&mut buf, &sluice_http::Limits::default())
+            .unwrap()
+            .unwrap();
+        let addr: std::net::SocketAddr = "127.0.0.1:80".parse().unwrap();
+        let view = crate::ReqView::new(&head, addr, addr, "http").unwrap();
+        let routes: Vec<String> = (0..100).map(|i| format!("r{i}")).collect();
+        let consumers: Vec<Arc<sluice_model::Consumer>> = (0..100)
+            .map(|i| {
+                Arc::new(serde_json::from_value(json!({ "username": format!("c{i}") })).unwrap())
+            })
+            .collect();
+        let m = Metrics::default();
+        let info = |status| LogInfo {
+            status,
+            request_bytes: 1,
+            response_bytes: 1,
+            latency: std::time::Duration::from_micros(100),
+            upstream_latency: None,
+            upstream_addr: Some(addr),
+            upstream_status: None,
+        };
+        let lap = |with_401: bool| {
+            for r in &routes {
+                for c in &consumers {
+                    let mut ctx = Ctx::new(&view, r);
+                    ctx.consumer = Some(c.clone());
+                    m.record(&ctx, &info(200), false);
+                }
+                if with_401 {
+                    m.record(&Ctx::new(&view, r), &info(401), false);
+                }
+            }
+        };
+        lap(true);
+        let before = MISSES.with(|c| c.get());
+        lap(true);
+        lap(false);
+        assert_eq!(
+            MISSES.with(|c| c.get()),
+            before,
+            "second and third laps missed the cache"
+        );
+        assert_eq!(m.requests.load(Ordering::Relaxed), 3 * 10_000 + 2 * 100);
     }
 }
