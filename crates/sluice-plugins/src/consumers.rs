@@ -35,8 +35,8 @@ impl ConsumerRt {
 pub struct Consumers {
     pub list: Vec<Arc<ConsumerRt>>,
     pub by_name: AHashMap<String, Arc<ConsumerRt>>,
-    /// key-auth `key` -> consumer.
-    pub keys: AHashMap<String, Arc<ConsumerRt>>,
+    /// key-auth `key` (its bytes: a header value is looked up without a UTF-8 check) -> consumer.
+    pub keys: AHashMap<Box<[u8]>, Arc<ConsumerRt>>,
     /// basic-auth `username` -> (`password`, consumer).
     pub basic: AHashMap<String, (String, Arc<ConsumerRt>)>,
     /// Credentials (APISIX 3.11+ `/consumers/{name}/credentials/{id}`): each one's auth plugins, identifying
@@ -132,7 +132,7 @@ impl Consumers {
             let key = str_field(conf, "key-auth", "key", user)?;
             // The Admin API refuses duplicates across consumers; one left anyway (a consumer and its own
             // credential, another writer) resolves as in APISIX: the last loaded wins.
-            keys.insert(key.to_owned(), rt.clone());
+            keys.insert(Box::from(key.as_bytes()), rt.clone());
         }
         for (conf, rt) in out.auth_confs("basic-auth") {
             let user = &rt.consumer.username;

@@ -42,6 +42,47 @@ fn key_auth_errors_match_apisix() {
     assert_eq!((r.status, r.header("www-authenticate")), (200, None));
 }
 
+/// Keys are compared as the bytes sent: a valid key with obs-text or a NUL-free byte appended, a prefix, another
+/// case or a key split across two header lines identifies nobody; only the exact key (header or query) passes.
+#[test]
+fn key_auth_matches_the_exact_key_bytes_only() {
+    use std::io::{Read, Write};
+    let o = Origin::start();
+    let gw = Gw::start(two_consumers(&o, json!({"key-auth": {}})));
+    let raw = |key_lines: &[u8]| {
+        let mut c = std::net::TcpStream::connect(gw.addr).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut req = b"GET /hello HTTP/1.1\r\nHost: a\r\nConnection: close\r\n".to_vec();
+        req.extend_from_slice(key_lines);
+        req.extend_from_slice(b"\r\n");
+        c.write_all(&req).unwrap();
+        let mut out = Vec::new();
+        let _ = c.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    for bad in [
+        &b"apikey: auth-one\xff\r\n"[..],
+        b"apikey: auth-one\x80\x80\r\n",
+        b"apikey: \xffauth-one\r\n",
+        b"apikey: auth-on\r\n",
+        b"apikey: AUTH-ONE\r\n",
+        b"apikey: auth-one-\r\n",
+        b"apikey: auth\r\napikey: -one\r\n",
+    ] {
+        let r = raw(bad);
+        assert!(
+            r.starts_with("HTTP/1.1 401 ") && r.contains("Invalid API key in request"),
+            "{:?} -> {r}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+    assert_eq!(o.count(), 0, "rejected requests never reach the origin");
+    assert!(raw(b"apikey: auth-one\r\n").starts_with("HTTP/1.1 200 "));
+    assert_eq!(gw.get("/hello?apikey=auth-two", &[]).status, 200);
+    assert_eq!(gw.get("/hello?apikey=auth-tw", &[]).status, 401);
+}
+
 /// APISIX 3.11+ credentials (`/consumers/{name}/credentials/{id}`) identify their consumer exactly as the
 /// consumer's own auth objects do: key-auth, basic-auth, jwt-auth and hmac-auth each authenticate as jack, and
 /// consumer-restriction sees jack's name. A credential whose consumer is gone identifies nobody.
