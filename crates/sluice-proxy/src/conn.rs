@@ -114,11 +114,17 @@ pub(crate) struct Conn<S> {
     fwd_lines: Option<forward::FwdLines>,
 }
 
-/// One timer a connection reuses for its waits instead of arming and dropping a new one per wait: tokio moves a
-/// registered timer's deadline later without touching its wheel, so a keep-alive connection pays no timer
-/// insertion or removal per request. A wait whose future is ready on its first poll reads no clock either.
+/// One timer a connection reuses for its waits instead of arming and dropping a new one per wait. A wait whose
+/// future is ready on its first poll reads no clock. A wait that is pending reads the clock once for its deadline
+/// but does not move the timer there when that is later than where the timer already is (every keep-alive wait
+/// after the first): the timer then fires early, at an earlier wait's deadline, and only that wake moves it on to
+/// this wait's. A later deadline costs nothing per wait, an earlier one (a shorter timeout) one reset.
 #[derive(Default)]
-struct Deadline(Option<std::pin::Pin<Box<tokio::time::Sleep>>>);
+struct Deadline {
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// The current wait's deadline (the timer's may be earlier).
+    due: Option<tokio::time::Instant>,
+}
 
 /// The wait outlived its timeout.
 struct TimedOut;
@@ -141,15 +147,24 @@ impl Deadline {
             // First time pending: the deadline counts from here.
             if !armed {
                 armed = true;
-                let at = tokio::time::Instant::now() + t;
-                match &mut self.0 {
-                    Some(s) => s.as_mut().reset(at),
-                    None => self.0 = Some(Box::pin(tokio::time::sleep_until(at))),
+                let due = tokio::time::Instant::now() + t;
+                self.due = Some(due);
+                match &mut self.sleep {
+                    Some(s) if s.deadline() <= due && !s.is_elapsed() => {}
+                    Some(s) => s.as_mut().reset(due),
+                    None => self.sleep = Some(Box::pin(tokio::time::sleep_until(due))),
                 }
             }
-            match self.0.as_mut().map(|s| s.as_mut().poll(cx)) {
-                Some(Poll::Ready(())) => Poll::Ready(Err(TimedOut)),
-                _ => Poll::Pending,
+            let (Some(s), Some(due)) = (self.sleep.as_mut(), self.due) else {
+                return Poll::Pending;
+            };
+            // At most twice: a timer that fired at an earlier deadline is moved to `due` and polled again.
+            loop {
+                match s.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(()) if s.deadline() >= due => return Poll::Ready(Err(TimedOut)),
+                    Poll::Ready(()) => s.as_mut().reset(due),
+                }
             }
         })
         .await
@@ -369,7 +384,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 gen = now_gen;
             }
             match self.handle(&snap, head).await {
-                Ok(true) if !*self.shutdown.borrow() => {}
+                Ok(true) if !self.w.shared.stopping() => {}
                 _ => return None,
             }
             // Idle keep-alive from here: may give way to a new connection at the cap (a new connection's slot
@@ -395,16 +410,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
         let cfg = &self.w.shared.cfg;
         if self.rbuf.is_empty() && !first {
-            if *self.shutdown.borrow() {
+            if self.w.shared.stopping() {
                 return Ok(None);
             }
             self.rbuf.reserve(BUF_SIZE / 2);
             let read = self
                 .timer
                 .within(cfg.keepalive_timeout, self.io.read_buf(&mut self.rbuf));
-            let r = tokio::select! {
-                r = read => r,
-                _ = self.shutdown.changed() => return Ok(None),
+            let r = match &self.slot {
+                // The worker's accept loop closes this connection at a shutdown while the slot says idle (the
+                // flag was checked above, in the same poll): no shutdown future per request.
+                Some(slot) => {
+                    slot.set_idle(true);
+                    let r = read.await;
+                    slot.set_idle(false);
+                    r
+                }
+                None => tokio::select! {
+                    r = read => r,
+                    _ = self.shutdown.changed() => return Ok(None),
+                },
             };
             match r {
                 Ok(Ok(0)) | Err(_) => return Ok(None),
@@ -434,7 +459,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             self.rbuf.reserve(BUF_SIZE / 2);
             let read = self.io.read_buf(&mut self.rbuf);
             let r = if nothing_yet {
-                if *self.shutdown.borrow() {
+                if self.w.shared.stopping() {
                     return Ok(None);
                 }
                 tokio::select! {
@@ -685,6 +710,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         if chains.iter().any(Option::is_some) {
             let ctx = pctx.insert(Ctx::new(&view, &route.id));
             ctx.route = Some(&snap.route_meta[idx as usize]);
+            ctx.started = Some(req_start);
             if !self.params.is_empty() {
                 ctx.set_params(self.params.clone());
             }
@@ -776,6 +802,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let mut tried = Tried::new();
         let mut body_consumed = false;
         let mut stale_retry_used = false;
+        let mut first_attempt = true;
         loop {
             let Some(node_idx) = up.balancer.pick(hash_key.as_deref(), &tried) else {
                 return self
@@ -787,7 +814,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             };
             tried.insert(node_idx);
             up.balancer.on_request_start(node_idx);
-            let t0 = Instant::now();
+            // Without plugins, only routing ran since the request's own clock read (microseconds, no IO): the
+            // first attempt starts from it. Plugins (which may wait) and retries read the clock.
+            let t0 = if first_attempt && pctx.is_none() {
+                req_start
+            } else {
+                Instant::now()
+            };
+            first_attempt = false;
             let res = self
                 .attempt(
                     head,
@@ -934,7 +968,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
         let keep = head.keep_alive
             && (head.body == BodyKind::Empty || via.is_some())
-            && !*self.shutdown.borrow();
+            && !self.w.shared.stopping();
         self.out.clear();
         let mut n = forward::itoa_buf();
         self.out.put_slice(b"HTTP/1.1 ");
@@ -1010,6 +1044,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let started = Instant::now();
         let chains = [Some(global), None];
         let mut ctx = Ctx::new(view, "");
+        ctx.started = Some(started);
         let answer = self.request_phases(&chains, &mut ctx).await?;
         let r = answer.unwrap_or_else(|| {
             let nf = synthetic(&Error::downstream(Kind::NoRoute, "no route"));
@@ -1460,7 +1495,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
         let keep = head.keep_alive
             && framing != OutFraming::Close
-            && !*self.shutdown.borrow()
+            && !self.w.shared.stopping()
             && !body_cut;
         self.out.clear();
         let resp_edits: Option<&RespEdits> = pctx.as_deref().map(|c| &c.resp);

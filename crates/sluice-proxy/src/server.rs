@@ -9,7 +9,7 @@ use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -98,6 +98,9 @@ pub(crate) struct Shared {
     generation: AtomicU64,
     pub cfg: ProxyConfig,
     pub shutdown: tokio::sync::watch::Sender<bool>,
+    /// Set (before `shutdown` is sent) once a graceful shutdown began: the per-request check is one atomic load
+    /// where the watch channel's `borrow` takes a lock.
+    stopping: AtomicBool,
     connections: AtomicUsize,
     upstream_connects: AtomicU64,
     accepted: AtomicU64,
@@ -109,6 +112,10 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+    /// A graceful shutdown began.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
     }
     pub fn count_connect(&self) {
         self.upstream_connects.fetch_add(1, Ordering::Relaxed);
@@ -270,6 +277,7 @@ impl Gateway {
                 generation: AtomicU64::new(1),
                 cfg,
                 shutdown,
+                stopping: AtomicBool::new(false),
                 connections: AtomicUsize::new(0),
                 upstream_connects: AtomicU64::new(0),
                 accepted: AtomicU64::new(0),
@@ -411,6 +419,7 @@ impl Gateway {
     /// Begins a graceful shutdown: stop accepting, let requests in flight finish (up to the graceful timeout),
     /// close idle connections.
     pub fn shutdown(&self) {
+        self.shared.stopping.store(true, Ordering::Release);
         self.shared.shutdown.send_replace(true);
     }
 }
@@ -525,11 +534,17 @@ async fn accept_loop(l: TcpListener, kind: ListenerKind, w: Rc<Worker>) {
     let local_addr = l.local_addr().ok();
     loop {
         if *shutdown.borrow() {
+            w.slots.close_idle();
             return;
         }
         let accepted = tokio::select! {
             r = l.accept() => r,
-            _ = shutdown.changed() => return,
+            _ = shutdown.changed() => {
+                // Idle keep-alive connections of this worker wait without watching the shutdown (see
+                // `Conn::read_head`): they are closed here.
+                w.slots.close_idle();
+                return;
+            }
         };
         let (stream, peer) = match accepted {
             Ok(x) => x,

@@ -21,6 +21,9 @@ pub(crate) struct Slot {
     /// older).
     since: Cell<u64>,
     abort: OnceCell<AbortHandle>,
+    /// Waiting for the first byte of its next request on a keep-alive connection: a graceful shutdown closes it
+    /// ([`Slots::close_idle`]) instead of each such wait watching the shutdown channel (a lock per request).
+    idle: Cell<bool>,
     /// When the connection was accepted: the first request's header deadline (TLS handshake included) counts from here.
     pub opened: tokio::time::Instant,
 }
@@ -39,6 +42,11 @@ impl Slot {
     pub fn set_abort(&self, h: AbortHandle) {
         let _ = self.abort.set(h);
     }
+
+    /// Marks the wait for the next request's first byte (true) and its end (false).
+    pub fn set_idle(&self, idle: bool) {
+        self.idle.set(idle);
+    }
 }
 
 /// A worker's connections, for eviction.
@@ -55,6 +63,7 @@ impl Slots {
         let slot = Rc::new(Slot {
             since: Cell::new(0),
             abort: OnceCell::new(),
+            idle: Cell::new(false),
             opened: tokio::time::Instant::now(),
         });
         slot.set_evictable(self);
@@ -71,6 +80,19 @@ impl Slots {
     /// A connection task ended.
     pub fn unregister(&self) {
         self.live.set(self.live.get().saturating_sub(1));
+    }
+
+    /// At a graceful shutdown: closes every connection waiting for its next request (as nginx closes idle
+    /// keep-alive connections). Connections that check the shutdown flag before they wait never start such a wait.
+    pub fn close_idle(&self) {
+        for s in self.list.borrow().iter().filter_map(Weak::upgrade) {
+            if s.idle.get() {
+                s.set_busy();
+                if let Some(h) = s.abort.get() {
+                    h.abort();
+                }
+            }
+        }
     }
 
     /// Closes the evictable connection that became so first. False when every connection is busy.

@@ -74,7 +74,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             Ok(x) => {
                 up.balancer.health().report_http_status(node_idx, x.status);
                 Ok(Done {
-                    keep: head.keep_alive && !x.close && !*self.shutdown.borrow(),
+                    keep: head.keep_alive && !x.close && !self.w.shared.stopping(),
                     status: x.sent_status,
                     request_body: x.request_body,
                     response_bytes: x.response_bytes,

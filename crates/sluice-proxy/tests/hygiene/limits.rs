@@ -122,6 +122,68 @@ fn idle_keepalive_connection_is_closed() {
     assert!(t.elapsed() < Duration::from_secs(3));
 }
 
+/// The keep-alive deadline moves with every request without re-arming the connection's timer: the timer fires at an
+/// earlier wait's deadline and must then move on, not close a connection whose current wait is younger.
+#[test]
+fn keepalive_deadline_follows_each_request() {
+    let origin = Origin::start("origin");
+    let cfg = ProxyConfig {
+        keepalive_timeout: Duration::from_millis(400),
+        ..ProxyConfig::default()
+    };
+    let gw = Gw::start(
+        route_to(json!({origin.addr.to_string(): 1}), json!({})),
+        cfg,
+    );
+    let mut c = TcpStream::connect(gw.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 1024];
+    let start = Instant::now();
+    // Each request 250 ms after the previous answer: every wait outlives the one before it's deadline (400 ms
+    // after that earlier answer) but never its own.
+    for i in 0..4 {
+        if i > 0 {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        let n = c.read(&mut buf).unwrap();
+        assert_eq!(status(&buf[..n]), Some(200), "request {i}");
+    }
+    assert!(start.elapsed() > Duration::from_millis(700));
+    let t = Instant::now();
+    assert_eq!(c.read(&mut buf).unwrap_or(0), 0, "closed when idle");
+    let idle = t.elapsed();
+    assert!(
+        idle >= Duration::from_millis(300) && idle < Duration::from_secs(3),
+        "{idle:?}"
+    );
+}
+
+/// A graceful shutdown closes a connection idle between requests at once (the keep-alive timeout is a minute).
+#[test]
+fn shutdown_closes_idle_keepalive_connections() {
+    let origin = Origin::start("origin");
+    let gw = Gw::to(&origin);
+    let mut c = TcpStream::connect(gw.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 1024];
+    for _ in 0..2 {
+        c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        let n = c.read(&mut buf).unwrap();
+        assert_eq!(status(&buf[..n]), Some(200));
+    }
+    // The answer is written before the connection goes back to waiting: let it get there.
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    gw.gw.shutdown();
+    assert_eq!(
+        c.read(&mut buf).unwrap_or(usize::MAX),
+        0,
+        "closed at shutdown"
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
 /// Dribbles `bytes` one every `every` until the gateway closes or answers (or `give_up` passes). Returns when that
 /// happened (from `start`) and what it answered.
 fn dribble(
