@@ -7,6 +7,7 @@
 mod extra;
 mod merge;
 mod node;
+mod nodemap;
 mod resource;
 /// The APISIX release Sluice implements (its Admin API, and what plugins report as APISIX's version: mocking's
 /// `x-mock-by`, server-info's `version`).
@@ -21,6 +22,7 @@ pub use node::{
     ProxyCacheSection, ProxyProtocolSection, WasmPlugin, WasmSection, WorkerCount,
     DEFAULT_STREAM_ACCESS_LOG_FORMAT,
 };
+pub use nodemap::NodeMap;
 pub use resource::*;
 
 /// Every resource set the data plane consumes, as one value: what a provider (standalone file, embedded store,

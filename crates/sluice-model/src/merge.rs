@@ -9,8 +9,9 @@ use crate::{Plugins, Route, Service, Upstream};
 pub struct EffectiveRoute {
     pub route: Route,
     pub plugins: Plugins,
-    /// The inline upstream, or `None` when `upstream_id` names a shared one.
-    pub upstream: Option<Upstream>,
+    /// The inline upstream, or `None` when `upstream_id` names a shared one. Shared with the route (or service)
+    /// it came from, and with the upstream runtime compiled from it.
+    pub upstream: Option<std::sync::Arc<Upstream>>,
     pub upstream_id: Option<crate::Id>,
     pub hosts: Vec<String>,
     pub enable_websocket: bool,

@@ -88,7 +88,7 @@ pub struct Route {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plugin_config_id: Option<Id>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<Upstream>,
+    pub upstream: Option<std::sync::Arc<Upstream>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_id: Option<Id>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -138,7 +138,7 @@ pub struct Service {
     #[serde(skip_serializing_if = "Map::is_empty")]
     pub plugins: Plugins,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<Upstream>,
+    pub upstream: Option<std::sync::Arc<Upstream>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_id: Option<Id>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -175,7 +175,8 @@ fn one() -> u32 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Nodes {
-    Map(Map<String, Value>),
+    /// Compact (see [`NodeMap`]): a `serde_json::Map` here cost ~650 bytes per one-node upstream.
+    Map(crate::NodeMap),
     List(Vec<Node>),
 }
 
@@ -440,7 +441,7 @@ pub struct StreamRoute {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sni: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<Upstream>,
+    pub upstream: Option<std::sync::Arc<Upstream>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_id: Option<Id>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -202,5 +202,5 @@ pub trait Plugin: Send + Sync + 'static {
 #[derive(Debug, Clone, PartialEq)]
 pub enum PluginUpstream {
     Id(String),
-    Inline(Box<sluice_model::Upstream>),
+    Inline(std::sync::Arc<sluice_model::Upstream>),
 }

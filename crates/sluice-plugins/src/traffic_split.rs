@@ -232,7 +232,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
                     Value::String(s) => s,
                     other => other.to_string(),
                 })),
-                (None, Some(u)) => Some(PluginUpstream::Inline(u)),
+                (None, Some(u)) => Some(PluginUpstream::Inline(u.into())),
                 (None, None) => None,
             };
             let target = up.map(|u| match upstreams.iter().position(|x| *x == u) {

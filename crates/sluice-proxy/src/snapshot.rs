@@ -132,9 +132,10 @@ pub(crate) struct UpstreamRt {
     /// `checks.active`: probed by the checker task (`health_check::run`).
     pub active: Option<Arc<ActiveCheck>>,
     /// The configuration this was compiled from: an unchanged upstream keeps its runtime across reloads.
-    source: Upstream,
+    /// Shared with the route (or service, or upstream) it came from: one copy of the configuration, not two.
+    source: Arc<Upstream>,
     /// The `ssls` entry `tls.client_cert_id` named: changing it changes the upstream too.
-    client_ssl: Option<sluice_model::Ssl>,
+    client_ssl: Option<Box<sluice_model::Ssl>>,
     /// A `type` Sluice has no balancer for, with several nodes. APISIX accepts any `type` when it is written and
     /// fails each request that needs a balancer (its `require("apisix.balancer." .. type)` throws; a lone node is
     /// picked without one): the same here, 500 per request, so that a configuration written for another balancer
@@ -178,7 +179,7 @@ impl UpstreamRt {
             },
             h2: false,
             active: None,
-            source: Upstream::default(),
+            source: Arc::default(),
             client_ssl: None,
             unsupported: None,
             missing: Some((
@@ -189,7 +190,7 @@ impl UpstreamRt {
     }
 
     /// A discovered upstream without nodes: every request 503 with `why` logged (see `missing`).
-    fn unavailable(u: &Upstream, why: String) -> UpstreamRt {
+    fn unavailable(u: &Arc<Upstream>, why: String) -> UpstreamRt {
         UpstreamRt {
             source: u.clone(),
             missing: Some((503, why.into())),
@@ -323,13 +324,13 @@ impl Snapshot {
         let hint: std::cell::Cell<Option<usize>> = std::cell::Cell::new(None);
         let prev_inline = |id: &str| prev_lookup.inline_upstream(id, hint.get());
         let ssls: tls::SslsById = res.ssls.iter().map(|s| (s.id.0.as_str(), s)).collect();
-        let mut runtime = |key: String, u: &Upstream| -> Result<Arc<UpstreamRt>, String> {
+        let mut runtime = |key: String, u: &Arc<Upstream>| -> Result<Arc<UpstreamRt>, String> {
             let resolved;
             let (u, empty) = match discover(u, discovery) {
                 Discovered::Static => (u, None),
                 Discovered::Nodes(r) => {
                     resolved = r;
-                    (&*resolved, None)
+                    (&resolved, None)
                 }
                 Discovered::None(why) => (u, Some(why)),
             };
@@ -345,8 +346,8 @@ impl Snapshot {
             };
             let rt = match old {
                 Some(o)
-                    if o.source == *u
-                        && o.client_ssl.as_ref() == client_ssl
+                    if (Arc::ptr_eq(&o.source, u) || *o.source == **u)
+                        && o.client_ssl.as_deref() == client_ssl
                         && o.missing.as_ref().map(|m| &*m.1) == empty.as_deref() =>
                 {
                     o.clone()
@@ -373,7 +374,9 @@ impl Snapshot {
         let mut shared_ups: AHashMap<&str, Arc<UpstreamRt>> = AHashMap::new();
         for u in &res.upstreams {
             let id = u.id.as_ref().map(|i| i.0.as_str()).unwrap_or_default();
-            let rt = runtime(format!("u:{id}"), u).map_err(|e| format!("upstream {id}: {e}"))?;
+            // A shared upstream is one per `upstreams` entry (not per route): its own copy is cheap.
+            let rt = runtime(format!("u:{id}"), &Arc::new(u.clone()))
+                .map_err(|e| format!("upstream {id}: {e}"))?;
             shared_ups.insert(id, rt);
         }
 
@@ -639,7 +642,7 @@ enum Discovered {
     /// No `discovery_type`: its own `nodes`.
     Static,
     /// The upstream with the discovered nodes in `nodes`.
-    Nodes(Box<Upstream>),
+    Nodes(Arc<Upstream>),
     /// No node: why (APISIX's words), for the log of each 503.
     None(String),
 }
@@ -654,14 +657,14 @@ fn discover(u: &Upstream, discovery: Option<&dyn Discovery>) -> Discovered {
         Some(nodes) if nodes.is_empty() => Discovered::None(format!(
             "no valid upstream node: no {kind} provider of {service:?}"
         )),
-        Some(nodes) => Discovered::Nodes(Box::new(Upstream {
+        Some(nodes) => Discovered::Nodes(Arc::new(Upstream {
             nodes: sluice_model::Nodes::List(nodes),
             ..u.clone()
         })),
     }
 }
 
-fn compile_upstream(u: &Upstream, ssls: &tls::SslsById<'_>) -> Result<UpstreamRt, String> {
+fn compile_upstream(u: &Arc<Upstream>, ssls: &tls::SslsById<'_>) -> Result<UpstreamRt, String> {
     let mut unsupported = None;
     let kind = match u.kind.as_str() {
         "roundrobin" => LbKind::RoundRobin,
@@ -792,7 +795,7 @@ fn compile_upstream(u: &Upstream, ssls: &tls::SslsById<'_>) -> Result<UpstreamRt
         _ => None,
     };
     let client_ssl = match &u.tls {
-        Some(t) => tls::client_ssl(t, ssls)?.cloned(),
+        Some(t) => tls::client_ssl(t, ssls)?.cloned().map(Box::new),
         None => None,
     };
     let balancer = match checks.passive {

@@ -142,7 +142,7 @@ fn parse_addr(v: &Value, what: &str) -> Result<SocketAddr, String> {
 }
 
 /// Builds (or keeps) an upstream runtime under a key (the snapshot compiler's `runtime`).
-type RuntimeFn<'a> = dyn FnMut(String, &Upstream) -> Result<Arc<UpstreamRt>, String> + 'a;
+type RuntimeFn<'a> = dyn FnMut(String, &Arc<Upstream>) -> Result<Arc<UpstreamRt>, String> + 'a;
 
 /// One compiled stream route.
 pub(crate) struct StreamRt {

@@ -20,6 +20,8 @@ const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const REVISION_KEY: &str = "revision";
+/// redb's page cache (see `open_with`).
+const CACHE_BYTES: usize = 4 << 20;
 
 pub struct EmbeddedStore {
     inner: Arc<Inner>,
@@ -51,7 +53,14 @@ impl EmbeddedStore {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
-        let db = Database::create(path).map_err(io)?;
+        // redb caches up to 1 GiB of pages by default, and every page written stays cached: at 100k routes the
+        // key space and the seed's history record alone held ~90 MB (issue 16). Reads are served from `snapshot`,
+        // never from redb, so a small cache only costs a commit re-reading (from the OS page cache) the few pages
+        // on its path.
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(io)?;
         // Create the tables on first open so reads below find them.
         let w = db.begin_write().map_err(io)?;
         {

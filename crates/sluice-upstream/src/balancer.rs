@@ -90,7 +90,11 @@ impl Balancer {
 
     /// A balancer whose [`Health`] counts passive reports with `passive`'s thresholds.
     pub fn with_passive(kind: LbKind, nodes: Vec<NodeSpec>, passive: PassiveConfig) -> Self {
-        let mut order: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].weight > 0).collect();
+        // A lone node is picked without groups (`pick`'s first rule), so it gets none: no selection structure
+        // per single-node upstream (issue 16: one per route with an inline upstream).
+        let mut order: Vec<usize> = (0..nodes.len())
+            .filter(|&i| nodes.len() > 1 && nodes[i].weight > 0)
+            .collect();
         // Stable: equal priorities keep config order, like APISIX's per-priority node tables.
         order.sort_by_key(|&i| std::cmp::Reverse(nodes[i].priority));
         let mut groups = Vec::new();
@@ -169,7 +173,8 @@ impl Balancer {
         &self.nodes
     }
 
-    /// The distinct priorities in use, highest first (weight-0 nodes excluded).
+    /// The distinct priorities in use, highest first (weight-0 nodes excluded; none for a lone node, which is
+    /// picked whatever its priority).
     pub fn priorities(&self) -> impl Iterator<Item = i32> + '_ {
         self.groups.iter().map(|g| g.priority)
     }

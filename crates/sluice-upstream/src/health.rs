@@ -16,6 +16,7 @@
 //! - a threshold of 0 disables that counter (lua-resty-healthcheck's `limit == 0`).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
 
 /// What went wrong on a request to a node (APISIX maps nginx's last failure to these:
 /// 504 -> timeout, other connect/send/receive errors -> tcp, bad status -> http).
@@ -126,28 +127,52 @@ impl StatusSet {
 pub struct Health {
     states: Box<[AtomicU64]>,
     unhealthy: AtomicUsize,
+    /// Shared: every upstream without passive checks points at one disabled set (issue 16: the rules are ~180
+    /// bytes, paid per route with an inline upstream when they were inline).
+    rules: Arc<Rules>,
+}
+
+/// The passive configuration with its status sets, read-only once built.
+#[derive(Debug)]
+struct Rules {
     healthy_codes: StatusSet,
     unhealthy_codes: StatusSet,
     cfg: PassiveConfig,
 }
+
+impl Rules {
+    fn new(cfg: PassiveConfig) -> Rules {
+        Rules {
+            healthy_codes: StatusSet::new(&cfg.healthy_http_statuses),
+            unhealthy_codes: StatusSet::new(&cfg.unhealthy_http_statuses),
+            cfg,
+        }
+    }
+}
+
+static DISABLED: LazyLock<Arc<Rules>> =
+    LazyLock::new(|| Arc::new(Rules::new(PassiveConfig::disabled())));
 
 // === impl Health ===
 
 impl Health {
     /// `n` nodes, all healthy (APISIX's checker also starts targets healthy).
     pub fn new(n: usize, cfg: PassiveConfig) -> Self {
+        let rules = if cfg == DISABLED.cfg {
+            DISABLED.clone()
+        } else {
+            Arc::new(Rules::new(cfg))
+        };
         Health {
             states: (0..n).map(|_| AtomicU64::new(0)).collect(),
             unhealthy: AtomicUsize::new(0),
-            healthy_codes: StatusSet::new(&cfg.healthy_http_statuses),
-            unhealthy_codes: StatusSet::new(&cfg.unhealthy_http_statuses),
-            cfg,
+            rules,
         }
     }
 
     /// The passive configuration in force.
     pub fn config(&self) -> &PassiveConfig {
-        &self.cfg
+        &self.rules.cfg
     }
 
     /// Number of nodes tracked.
@@ -176,15 +201,15 @@ impl Health {
 
     /// A successful request (or a status in `healthy.http_statuses`).
     pub fn report_success(&self, i: usize) {
-        self.count(i, SUCCESS_SHIFT, self.cfg.healthy_successes);
+        self.count(i, SUCCESS_SHIFT, self.rules.cfg.healthy_successes);
     }
 
     /// A failed request of the given kind.
     pub fn report_failure(&self, i: usize, kind: FailureKind) {
         let (shift, limit) = match kind {
-            FailureKind::Tcp => (TCP_SHIFT, self.cfg.unhealthy_tcp_failures),
-            FailureKind::Timeout => (TIMEOUT_SHIFT, self.cfg.unhealthy_timeouts),
-            FailureKind::Http => (HTTP_SHIFT, self.cfg.unhealthy_http_failures),
+            FailureKind::Tcp => (TCP_SHIFT, self.rules.cfg.unhealthy_tcp_failures),
+            FailureKind::Timeout => (TIMEOUT_SHIFT, self.rules.cfg.unhealthy_timeouts),
+            FailureKind::Http => (HTTP_SHIFT, self.rules.cfg.unhealthy_http_failures),
         };
         self.count(i, shift, limit);
     }
@@ -193,9 +218,9 @@ impl Health {
     /// statuses count as success, unhealthy ones (and 0, an invalid response) as an http failure,
     /// anything else is ignored.
     pub fn report_http_status(&self, i: usize, status: u16) {
-        if self.healthy_codes.contains(status) {
+        if self.rules.healthy_codes.contains(status) {
             self.report_success(i);
-        } else if status == 0 || self.unhealthy_codes.contains(status) {
+        } else if status == 0 || self.rules.unhealthy_codes.contains(status) {
             self.report_failure(i, FailureKind::Http);
         }
     }

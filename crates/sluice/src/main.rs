@@ -19,6 +19,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 // mimalloc: measured ~10% fewer instructions per proxied request than glibc malloc (docs/architecture.md).
+// `--features system-alloc` builds with the system allocator instead, so heap profilers that interpose malloc
+// (heaptrack, valgrind's dhat and massif) see every allocation (docs/benchmark.md, "Route scale").
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -25,7 +25,7 @@ impl Splits {
 }
 
 /// Compiles (or keeps across reloads) an upstream runtime under a key: `compile_next`'s `runtime`.
-type Runtime<'r> = dyn FnMut(String, &Upstream) -> Result<Arc<UpstreamRt>, String> + 'r;
+type Runtime<'r> = dyn FnMut(String, &Arc<Upstream>) -> Result<Arc<UpstreamRt>, String> + 'r;
 
 /// APISIX's traffic-split gives an inline upstream 15 s connect/send/read unless it sets `timeout`.
 const INLINE_TIMEOUT: Timeout = Timeout {

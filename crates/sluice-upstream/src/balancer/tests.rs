@@ -487,7 +487,8 @@ fn many_nodes_beyond_64_work_with_tried() {
 
 #[test]
 fn chash_bucket_index_agrees_with_binary_search() {
-    for weights in [&[1u32][..], &[1, 1, 2], &[5; 100]] {
+    // (A lone node has no ring: `lone_node_is_picked_without_a_selection_structure`.)
+    for weights in [&[1u32, 1][..], &[1, 1, 2], &[5; 100]] {
         let b = Balancer::new(LbKind::Chash, nodes(weights));
         let Algo::Chash(ring) = &b.groups[0].algo else {
             panic!("chash")
@@ -709,4 +710,28 @@ fn peek_names_the_next_pick_without_taking_it() {
             c.pick(Some(k.as_bytes()), &Tried::new())
         );
     }
+}
+
+#[test]
+fn lone_node_is_picked_without_a_selection_structure() {
+    // Issue 16: a single-node upstream (one per route with an inline upstream) builds no group, ring or
+    // sequence; `pick` answers it first, whatever its weight, health or earlier tries.
+    for kind in ALL {
+        for weight in [0, 1, 7] {
+            let b = Balancer::new(kind, nodes(&[weight]));
+            assert!(b.groups.is_empty(), "{kind:?}");
+            let mut tried = Tried::new();
+            assert_eq!(b.pick(Some(b"k"), &tried), Some(0), "{kind:?}");
+            tried.insert(0);
+            b.health().set_healthy(0, false);
+            assert_eq!(b.pick(Some(b"k"), &tried), Some(0), "{kind:?}");
+            assert_eq!(b.peek(Some(b"k")), Some(0), "{kind:?}");
+        }
+    }
+    assert_eq!(
+        Balancer::new(LbKind::RoundRobin, nodes(&[1, 1]))
+            .groups
+            .len(),
+        1
+    );
 }

@@ -161,3 +161,24 @@ fn concurrent_failures_count_one_transition() {
     assert!(!h.is_healthy(0));
     assert_eq!(h.unhealthy_count(), 1);
 }
+
+#[test]
+fn upstreams_without_passive_checks_share_one_rule_set_and_keep_their_own_state() {
+    // Issue 16: the disabled rules are one shared value, not ~180 bytes per upstream; node state stays per Health.
+    let a = Health::new(1, PassiveConfig::disabled());
+    let b = Health::new(3, PassiveConfig::disabled());
+    assert!(Arc::ptr_eq(&a.rules, &b.rules));
+    assert_eq!(b.config(), &PassiveConfig::disabled());
+    b.set_healthy(2, false);
+    assert!(a.is_healthy(0) && !b.is_healthy(2));
+    // Disabled: a failing status counts nothing.
+    a.report_http_status(0, 500);
+    assert!(a.is_healthy(0));
+    // A configured one gets its own rules and classifies with them.
+    let c = health(1);
+    assert!(!Arc::ptr_eq(&a.rules, &c.rules));
+    for _ in 0..5 {
+        c.report_http_status(0, 500);
+    }
+    assert!(!c.is_healthy(0));
+}
