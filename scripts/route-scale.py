@@ -8,7 +8,9 @@ Phases, each reported with the gateway's RSS (VmRSS from /proc, MiB):
            sends them in one `PUT /apisix/admin/configs` (timed end to end, `?wait=applied`)
   writes   W sequential `PUT /apisix/admin/routes/<id>?wait=applied` (each timed end to end by this client:
            median, p90, max), changing the upstream node weight (`--change upstream`) or the uri
-           (`--change uri`) of existing routes spread over the id range
+           (`--change uri`) of existing routes spread over the id range, or adding new routes (`--change add`:
+           ids `zz<n>`, after every existing id in the store's order; `--change add-mid`: ids `<i>-n<n>`, in the
+           middle), or deleting routes spread over the id range (`--change delete`, DELETE ...?wait=applied)
   churn    C more such writes, then RSS again (the "flat across writes" check)
 
 Usage: scripts/route-scale.py [--bin target/release/sluice] [--routes 100000] [--writes 50] [--churn 0]
@@ -90,8 +92,9 @@ def main():
     ap.add_argument("--writes", type=int, default=50)
     ap.add_argument("--churn", type=int, default=0)
     ap.add_argument("--load", choices=["yaml", "admin"], default="yaml")
-    ap.add_argument("--change", choices=["upstream", "uri"], default="upstream",
-                    help="what each PUT changes: the node weight (matching unchanged) or the uri (router rebuilt)")
+    ap.add_argument("--change", choices=["upstream", "uri", "add", "add-mid", "delete"], default="upstream",
+                    help="what each write does: change a route's node weight (matching unchanged) or uri, add a "
+                         "route (after the existing ids, or among them), delete one")
     ap.add_argument("--keep", help="work directory to use and keep (default: a temp dir, removed)")
     a = ap.parse_args()
 
@@ -147,14 +150,19 @@ def main():
 
         def put(n, k):
             i = 1 + (n * 7919) % a.routes
-            t = time.monotonic()
-            body = route(i, upstream, k)
+            method, body = "PUT", route(i, upstream, k)
             if a.change == "uri":
                 body["uri"] = f"/w/{n}"
-            st, body = admin(admin_port, "PUT", f"/apisix/admin/routes/{i}?wait=applied", body)
+            elif a.change in ("add", "add-mid"):
+                body["uri"] = f"/new/{n}"
+                i = f"zz{n}" if a.change == "add" else f"{i}-n{n}"
+            elif a.change == "delete":
+                method, body = "DELETE", None
+            t = time.monotonic()
+            st, out = admin(admin_port, method, f"/apisix/admin/routes/{i}?wait=applied", body)
             dt = time.monotonic() - t
             if st >= 300:
-                sys.exit(f"PUT routes/{i}: {st} {body[:300]!r}")
+                sys.exit(f"{method} routes/{i}: {st} {out[:300]!r}")
             return dt
 
         times = [put(n, 1 + n % 5) for n in range(a.writes)]

@@ -541,23 +541,24 @@ impl Snapshot {
             let id = fresh.get(e.index).map_or("?", |(_, id)| &**id);
             format!("route {id}: {}", e.reason)
         })?;
-        // The previous router serves on when every route kept its spec (same pointer) at its index.
-        let router = prev
-            .filter(|_| {
-                prev_specs.len() == router_specs.len()
-                    && prev_specs
-                        .iter()
-                        .zip(&router_specs)
-                        .all(|(a, b)| Arc::ptr_eq(a, b))
-            })
-            .map(|p| p.router.clone());
+        // The previous router serves on when every route kept its spec (same pointer) at its index; when only a
+        // few did not (a route's matching changed, routes were appended or removed at the end), it is updated
+        // route by route (`RouterPlan::Update`, copy-on-write, O(changed routes), not O(routes)).
+        let plan = match prev {
+            None => RouterPlan::Build,
+            Some(p) => router_plan(&p.router, prev_specs, &router_specs),
+        };
         let tls = SniTable::compile(&res.ssls)?;
         let consumers = env.compiled.get().and_then(|c| c.as_ref().ok()).cloned();
+        let router = match &plan {
+            RouterPlan::Keep(r) => r.clone(),
+            _ => Arc::new(empty_router()),
+        };
         Ok(Prepared {
-            kept_router: router.is_some(),
+            plan,
             snap: Snapshot {
                 revision,
-                router: router.unwrap_or_else(|| Arc::new(empty_router())),
+                router,
                 router_specs,
                 routes,
                 route_meta,
@@ -615,23 +616,90 @@ fn keep_spec(
 /// A compiled configuration still missing its router (see [`Snapshot::prepare_next`]).
 pub struct Prepared {
     snap: Snapshot,
-    /// The previous snapshot's router is reused (no route's matching changed).
-    kept_router: bool,
+    /// How [`Prepared::finish`] gets the router.
+    plan: RouterPlan,
+}
+
+/// How the next snapshot's router comes from the previous one.
+enum RouterPlan {
+    /// No route's matching changed: the previous router (already in the snapshot).
+    Keep(Arc<Router<u32>>),
+    /// The previous router with the routes at these indices replaced, then `len` routes in all (the routes
+    /// past the previous length appended, those past `len` removed).
+    Update {
+        base: Arc<Router<u32>>,
+        changed: Vec<u32>,
+        len: usize,
+    },
+    /// A router over every route.
+    Build,
+}
+
+/// More routes than this changed (or shifted, since the router's values are route indices: a route added or
+/// removed in the middle shifts every later one) and the router is built afresh rather than updated.
+fn update_limit(routes: usize) -> usize {
+    (routes / 8).max(64)
+}
+
+/// Compares the router specs by pointer, index by index (an unchanged route keeps its spec's `Arc`).
+fn router_plan(
+    base: &Arc<Router<u32>>,
+    prev: &[Arc<RouteSpec<()>>],
+    next: &[Arc<RouteSpec<()>>],
+) -> RouterPlan {
+    let limit = update_limit(next.len());
+    let mut changed = Vec::new();
+    for (i, (a, b)) in prev.iter().zip(next).enumerate() {
+        if !Arc::ptr_eq(a, b) {
+            if changed.len() >= limit {
+                return RouterPlan::Build;
+            }
+            changed.push(i as u32);
+        }
+    }
+    if changed.is_empty() && prev.len() == next.len() {
+        return RouterPlan::Keep(base.clone());
+    }
+    if changed.len() + prev.len().abs_diff(next.len()) > limit {
+        return RouterPlan::Build;
+    }
+    RouterPlan::Update {
+        base: base.clone(),
+        changed,
+        len: next.len(),
+    }
 }
 
 impl Prepared {
-    /// Builds the router over every route (unless the previous one was kept) and returns the snapshot to publish.
+    /// Builds the router (or updates the previous one, or keeps it) and returns the snapshot to publish.
     pub fn finish(self) -> Result<Snapshot, String> {
-        let Prepared {
-            mut snap,
-            kept_router,
-        } = self;
-        if !kept_router {
-            let specs = snap.router_specs.iter().zip(0u32..).map(|(s, i)| (&**s, i));
-            snap.router = Arc::new(Router::build_refs(specs).map_err(|e| {
-                let id = snap.routes.get(e.index).map_or("?", |r| &*r.id);
-                format!("route {id}: {}", e.reason)
-            })?);
+        let Prepared { mut snap, plan } = self;
+        let err = |snap: &Snapshot, e: sluice_router::RouterError| {
+            let id = snap.routes.get(e.index).map_or("?", |r| &*r.id);
+            format!("route {id}: {}", e.reason)
+        };
+        match plan {
+            RouterPlan::Keep(_) => {}
+            RouterPlan::Update { base, changed, len } => {
+                let mut router = (*base).clone();
+                let old_len = router.len();
+                let appended = (old_len.min(len)..len).filter_map(|i| u32::try_from(i).ok());
+                for i in changed.into_iter().chain(appended) {
+                    let Some(spec) = snap.router_specs.get(i as usize) else {
+                        continue;
+                    };
+                    router.insert(i, &**spec, i).map_err(|e| err(&snap, e))?;
+                }
+                for i in len..old_len {
+                    router.remove(i as u32);
+                }
+                snap.router = Arc::new(router);
+            }
+            RouterPlan::Build => {
+                let specs = snap.router_specs.iter().zip(0u32..).map(|(s, i)| (&**s, i));
+                let router = Router::build_refs(specs).map_err(|e| err(&snap, e))?;
+                snap.router = Arc::new(router);
+            }
         }
         Ok(snap)
     }

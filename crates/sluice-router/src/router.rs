@@ -3,7 +3,9 @@
 //! Owns the two-level layout of APISIX's `radixtree_host_uri`: a trie over *reversed* hosts
 //! (exact host = exact slot, `*.suffix` = prefix slot on the reversed suffix) whose payloads
 //! are per-host URI tables, plus one URI table for routes without hosts, tried last. Each URI
-//! table is a path trie whose payloads are buckets of candidates sorted at build time.
+//! table is a path trie whose payloads are buckets of candidates kept in match order. Every
+//! level is persistent (`Arc`s, copy-on-write): a route inserted into or removed from a clone
+//! copies its keys' paths only.
 //! It does not own route payload semantics (`T` is opaque) nor config validation beyond what
 //! matching needs (URIs, hosts, methods, addresses, vars).
 //!
@@ -13,8 +15,9 @@
 use crate::addr::IpSet;
 use crate::expr::Expr;
 use crate::pattern::{Matcher, Pattern};
-use crate::trie::{Slot, Trie, TrieBuilder};
+use crate::trie::{Slot, Trie};
 use crate::{MatchRequest, Params, RouteSpec, RouterError};
+use std::sync::Arc;
 
 /// DNS names are at most 253 bytes; a longer route host is a config error.
 const MAX_HOST: usize = 255;
@@ -41,39 +44,103 @@ struct Filter {
     vars: Option<Expr>,
 }
 
-#[derive(Debug)]
-struct Candidate {
-    route: u32,
+/// One route in the router: its value, its filter and where its candidates sit (for [`Router::remove`]).
+struct Entry<T> {
+    value: T,
+    filter: Filter,
+    /// (host key, `None` for the any-host table; URI key; slot) of each candidate.
+    places: Box<[Place]>,
+}
+
+/// Where one candidate sits: host key (`None`: the any-host table), URI key, slot.
+type Place = (Option<HostKey>, Box<[u8]>, Slot);
+
+struct Candidate<T> {
+    entry: Arc<Entry<T>>,
+    /// The tie-break: insertion order.
+    order: u32,
+    priority: i32,
+    uri_len: u32,
     key_len: u32,
     /// Copy of the route's method mask, so the common checks need no second lookup.
     methods: u16,
-    /// Whether the route has `remote_addrs` or `vars` to check in `Router::filters`.
+    /// Whether the route has `remote_addrs` or `vars` to check in its filter.
     filtered: bool,
     matcher: Matcher,
 }
 
-#[derive(Debug)]
-struct UriTable {
-    trie: Trie,
-    buckets: Vec<Box<[Candidate]>>,
+impl<T> Clone for Candidate<T> {
+    fn clone(&self) -> Self {
+        Candidate {
+            entry: self.entry.clone(),
+            order: self.order,
+            priority: self.priority,
+            uri_len: self.uri_len,
+            key_len: self.key_len,
+            methods: self.methods,
+            filtered: self.filtered,
+            matcher: self.matcher.clone(),
+        }
+    }
 }
 
-/// Routes compiled for one config snapshot. Immutable; share it behind an `Arc`.
+impl<T> Candidate<T> {
+    /// lua-resty-radixtree `sort_route`: priority desc, then longer declared URI, then insertion order.
+    fn rank(&self) -> (std::cmp::Reverse<i32>, std::cmp::Reverse<u32>, u32) {
+        (
+            std::cmp::Reverse(self.priority),
+            std::cmp::Reverse(self.uri_len),
+            self.order,
+        )
+    }
+}
+
+/// Candidates sharing one URI key, in match order.
+type Bucket<T> = Arc<Vec<Candidate<T>>>;
+/// A path trie whose payloads are buckets.
+type UriTable<T> = Trie<Bucket<T>>;
+
+/// Routes compiled for one config snapshot. Share it behind an `Arc`; [`Router::insert`] and
+/// [`Router::remove`] on a clone (O(1)) copy only the trie nodes and buckets on the route's keys,
+/// so a successor differing by one route costs O(key length), not O(routes), and the original
+/// keeps serving unchanged.
 pub struct Router<T> {
-    values: Vec<T>,
-    filters: Vec<Filter>,
-    hosts: Trie,
+    /// Every route by its insertion order (the tie-break).
+    routes: imbl::OrdMap<u32, Arc<Entry<T>>>,
+    /// Reversed hosts to their URI tables.
+    hosts: Trie<Arc<UriTable<T>>>,
     has_host_routes: bool,
-    host_tables: Vec<UriTable>,
-    any_host: UriTable,
+    any_host: UriTable<T>,
+}
+
+impl<T> Clone for Router<T> {
+    fn clone(&self) -> Self {
+        Router {
+            routes: self.routes.clone(),
+            hosts: self.hosts.clone(),
+            has_host_routes: self.has_host_routes,
+            any_host: self.any_host.clone(),
+        }
+    }
 }
 
 impl<T> std::fmt::Debug for Router<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Router")
-            .field("routes", &self.values.len())
-            .field("host_tables", &self.host_tables.len())
+            .field("routes", &self.routes.len())
+            .field("host_routes", &self.has_host_routes)
             .finish_non_exhaustive()
+    }
+}
+
+impl<T> Default for Router<T> {
+    fn default() -> Self {
+        Router {
+            routes: imbl::OrdMap::new(),
+            hosts: Trie::default(),
+            has_host_routes: false,
+            any_host: Trie::default(),
+        }
     }
 }
 
@@ -82,7 +149,7 @@ impl<T> std::fmt::Debug for Router<T> {
 impl<T> Router<T> {
     /// Compiles `specs` (their order is the insertion order that breaks priority ties).
     pub fn build(specs: Vec<RouteSpec<T>>) -> Result<Self, RouterError> {
-        let mut b = Build::with_capacity(specs.len());
+        let mut r = Router::default();
         for (index, spec) in specs.into_iter().enumerate() {
             let RouteSpec {
                 uris,
@@ -102,9 +169,9 @@ impl<T> Router<T> {
                 priority,
                 value: (),
             };
-            b.add(index, &view, value)?;
+            r.add(index, &view, value)?;
         }
-        Ok(b.finish())
+        Ok(r)
     }
 
     /// [`Router::build`] over borrowed specs, each with its value (the specs' own values are ignored): a caller
@@ -112,123 +179,34 @@ impl<T> Router<T> {
     pub fn build_refs<'s, U: 's>(
         specs: impl IntoIterator<Item = (&'s RouteSpec<U>, T)>,
     ) -> Result<Self, RouterError> {
-        let specs = specs.into_iter();
-        let mut b = Build::with_capacity(specs.size_hint().0);
-        for (index, (spec, value)) in specs.enumerate() {
-            b.add(index, spec, value)?;
+        let mut r = Router::default();
+        for (index, (spec, value)) in specs.into_iter().enumerate() {
+            r.add(index, spec, value)?;
         }
-        Ok(b.finish())
-    }
-
-    /// Number of routes (specs), not of URIs.
-    pub fn len(&self) -> usize {
-        self.values.len()
-    }
-
-    /// True when built from no routes.
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
-    }
-
-    /// The matching route's value, filling `params` with its captures (cleared first).
-    #[inline]
-    pub fn find<'r, R: MatchRequest>(&'r self, req: &R, params: &mut Params) -> Option<&'r T> {
-        params.clear();
-        let path = req.path();
-        let method = method_bit(req.method());
-        if self.has_host_routes {
-            if let Some(host) = req.host() {
-                let hit = self.hosts.lookup_rev(host.as_bytes(), |t, _| {
-                    let table = self.host_tables.get(t as usize)?;
-                    self.find_in(table, req, path, method, params)
-                });
-                if let Some(i) = hit {
-                    return self.values.get(i as usize);
-                }
-            }
-        }
-        let i = self.find_in(&self.any_host, req, path, method, params)?;
-        self.values.get(i as usize)
-    }
-
-    #[inline]
-    fn find_in<R: MatchRequest>(
-        &self,
-        table: &UriTable,
-        req: &R,
-        path: &str,
-        method: u16,
-        params: &mut Params,
-    ) -> Option<u32> {
-        table.trie.lookup(path.as_bytes(), |b, _slot| {
-            let bucket = table.buckets.get(b as usize)?;
-            bucket
-                .iter()
-                .find(|c| self.accepts(c, req, path, method, params))
-                .map(|c| c.route)
-        })
-    }
-
-    #[inline]
-    fn accepts<R: MatchRequest>(
-        &self,
-        c: &Candidate,
-        req: &R,
-        path: &str,
-        method: u16,
-        params: &mut Params,
-    ) -> bool {
-        if c.methods != 0 && c.methods & method == 0 {
-            return false;
-        }
-        if !c.filtered {
-            return c.matcher.matches(path, c.key_len as usize, params);
-        }
-        let Some(f) = self.filters.get(c.route as usize) else {
-            return false;
-        };
-        if !f.addrs.is_empty() && !f.addrs.contains(req.remote_addr()) {
-            return false;
-        }
-        let mark = params.mark();
-        if !c.matcher.matches(path, c.key_len as usize, params) {
-            return false;
-        }
-        if let Some(vars) = &f.vars {
-            if !vars.eval(req) {
-                params.truncate(mark);
-                return false;
-            }
-        }
-        true
-    }
-}
-
-/// A router being built: routes are added in insertion order.
-struct Build<T> {
-    b: Builder,
-    values: Vec<T>,
-    filters: Vec<Filter>,
-}
-
-impl<T> Build<T> {
-    fn with_capacity(n: usize) -> Self {
-        Build {
-            b: Builder::default(),
-            values: Vec::with_capacity(n),
-            filters: Vec::with_capacity(n),
-        }
+        Ok(r)
     }
 
     fn add<U>(&mut self, index: usize, spec: &RouteSpec<U>, value: T) -> Result<(), RouterError> {
+        let order = u32::try_from(index).map_err(|_| RouterError {
+            index,
+            reason: "too many routes".into(),
+        })?;
+        self.insert(order, spec, value)
+    }
+
+    /// Adds `spec` with `value` as the route of insertion order `order` (the tie-break among candidates of equal
+    /// priority and URI length: lower first), replacing the route that had it. The result matches exactly what
+    /// [`Router::build`] gives for every route ordered by `order`. On error (the spec does not compile; the
+    /// error's `index` is `order`) nothing changes.
+    pub fn insert<U>(
+        &mut self,
+        order: u32,
+        spec: &RouteSpec<U>,
+        value: T,
+    ) -> Result<(), RouterError> {
+        let index = order as usize;
         let err = |reason: String| RouterError { index, reason };
-        let route = u32::try_from(index).map_err(|_| err("too many routes".into()))?;
         let filter = compile_filter(spec).map_err(err)?;
-        let (methods, filtered) = (
-            filter.methods,
-            !filter.addrs.is_empty() || filter.vars.is_some(),
-        );
-        self.filters.push(filter);
         if spec.uris.is_empty() {
             return Err(err("missing uri".into()));
         }
@@ -243,42 +221,176 @@ impl<T> Build<T> {
             .map(|h| compile_host(h))
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
-        for (pattern, uri_len) in patterns {
-            let cand = PendingCandidate {
-                route,
-                methods,
-                filtered,
-                priority: spec.priority,
-                uri_len,
-                pattern,
-            };
-            if hosts.is_empty() {
-                self.b.any_host.add(cand);
-            } else {
-                for host in &hosts {
-                    self.b.host_table(host).add(cand.clone());
-                }
+        self.remove(order);
+        let (methods, filtered) = (
+            filter.methods,
+            !filter.addrs.is_empty() || filter.vars.is_some(),
+        );
+        let host_keys: Vec<Option<HostKey>> = if hosts.is_empty() {
+            vec![None]
+        } else {
+            hosts.into_iter().map(Some).collect()
+        };
+        let mut places = Vec::with_capacity(patterns.len() * host_keys.len());
+        for (p, _) in &patterns {
+            let slot = if p.exact { Slot::Exact } else { Slot::Prefix };
+            for h in &host_keys {
+                places.push((h.clone(), Box::<[u8]>::from(p.key.as_bytes()), slot));
             }
         }
-        self.values.push(value);
+        let entry = Arc::new(Entry {
+            value,
+            filter,
+            places: places.into_boxed_slice(),
+        });
+        for (pattern, uri_len) in patterns {
+            let slot = if pattern.exact {
+                Slot::Exact
+            } else {
+                Slot::Prefix
+            };
+            let cand = Candidate {
+                entry: entry.clone(),
+                order,
+                priority: spec.priority,
+                uri_len: uri_len as u32,
+                key_len: pattern.key.len() as u32,
+                methods,
+                filtered,
+                matcher: pattern.matcher,
+            };
+            for h in &host_keys {
+                self.with_table(h.as_ref(), |t| {
+                    t.update(pattern.key.as_bytes(), slot, |b| {
+                        let b = Arc::make_mut(b.get_or_insert_with(Default::default));
+                        let rank = cand.rank();
+                        let at = b.partition_point(|c| c.rank() <= rank);
+                        b.insert(at, cand.clone());
+                    })
+                });
+            }
+        }
+        self.routes.insert(order, entry);
         Ok(())
     }
 
-    fn finish(self) -> Router<T> {
-        let Build { b, values, filters } = self;
-        Router {
-            values,
-            filters,
-            has_host_routes: !b.host_tables.is_empty(),
-            hosts: b.hosts.finish(),
-            host_tables: b
-                .host_tables
-                .into_iter()
-                .map(TableBuilder::finish)
-                .collect(),
-            any_host: b.any_host.finish(),
+    /// Removes the route of insertion order `order`; false when there was none.
+    pub fn remove(&mut self, order: u32) -> bool {
+        let Some(entry) = self.routes.remove(&order) else {
+            return false;
+        };
+        for (host, key, slot) in entry.places.iter() {
+            self.with_table(host.as_ref(), |t| {
+                t.update(key, *slot, |b| {
+                    if let Some(bucket) = b {
+                        if bucket.iter().any(|c| c.order == order) {
+                            Arc::make_mut(bucket).retain(|c| c.order != order);
+                        }
+                        if bucket.is_empty() {
+                            *b = None;
+                        }
+                    }
+                })
+            });
+        }
+        true
+    }
+
+    /// Runs `f` on the URI table of `host` (`None`: the any-host table), created if needed, dropped when empty.
+    fn with_table(&mut self, host: Option<&HostKey>, f: impl FnOnce(&mut UriTable<T>)) {
+        let Some(h) = host else {
+            return f(&mut self.any_host);
+        };
+        let slot = if h.wildcard {
+            Slot::Prefix
+        } else {
+            Slot::Exact
+        };
+        self.hosts.update(&h.reversed, slot, |t| {
+            let table = Arc::make_mut(t.get_or_insert_with(Default::default));
+            f(table);
+            if table.is_empty() {
+                *t = None;
+            }
+        });
+        self.has_host_routes = !self.hosts.is_empty();
+    }
+
+    /// Number of routes (specs), not of URIs.
+    pub fn len(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// True when built from no routes.
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+
+    /// The matching route's value, filling `params` with its captures (cleared first).
+    #[inline]
+    pub fn find<'r, R: MatchRequest>(&'r self, req: &R, params: &mut Params) -> Option<&'r T> {
+        params.clear();
+        let path = req.path();
+        let method = method_bit(req.method());
+        if self.has_host_routes {
+            if let Some(host) = req.host() {
+                let hit = self.hosts.lookup_rev(host.as_bytes(), |t, _| {
+                    find_in(t, req, path, method, params)
+                });
+                if let Some(e) = hit {
+                    return Some(&e.value);
+                }
+            }
+        }
+        find_in(&self.any_host, req, path, method, params).map(|e| &e.value)
+    }
+}
+
+#[inline]
+fn find_in<'r, T, R: MatchRequest>(
+    table: &'r UriTable<T>,
+    req: &R,
+    path: &str,
+    method: u16,
+    params: &mut Params,
+) -> Option<&'r Entry<T>> {
+    table.lookup(path.as_bytes(), |bucket, _slot| {
+        bucket
+            .iter()
+            .find(|c| accepts(c, req, path, method, params))
+            .map(|c| &*c.entry)
+    })
+}
+
+#[inline]
+fn accepts<T, R: MatchRequest>(
+    c: &Candidate<T>,
+    req: &R,
+    path: &str,
+    method: u16,
+    params: &mut Params,
+) -> bool {
+    if c.methods != 0 && c.methods & method == 0 {
+        return false;
+    }
+    if !c.filtered {
+        return c.matcher.matches(path, c.key_len as usize, params);
+    }
+    let f = &c.entry.filter;
+    if !f.addrs.is_empty() && !f.addrs.contains(req.remote_addr()) {
+        return false;
+    }
+    let mark = params.mark();
+    if !c.matcher.matches(path, c.key_len as usize, params) {
+        return false;
+    }
+    if let Some(vars) = &f.vars {
+        if !vars.eval(req) {
+            params.truncate(mark);
+            return false;
         }
     }
+    true
 }
 
 fn compile_filter<T>(spec: &RouteSpec<T>) -> Result<Filter, String> {
@@ -304,6 +416,7 @@ fn compile_filter<T>(spec: &RouteSpec<T>) -> Result<Filter, String> {
 }
 
 /// A validated host: reversed, lower-cased key and whether it is a `*.` wildcard.
+#[derive(Clone)]
 struct HostKey {
     reversed: Vec<u8>,
     wildcard: bool,
@@ -327,91 +440,4 @@ fn compile_host(h: &str) -> Result<HostKey, String> {
         reversed: rest.bytes().rev().map(|b| b.to_ascii_lowercase()).collect(),
         wildcard,
     })
-}
-
-// === build-time helpers ===
-
-#[derive(Clone)]
-struct PendingCandidate {
-    route: u32,
-    methods: u16,
-    filtered: bool,
-    priority: i32,
-    uri_len: usize,
-    pattern: Pattern,
-}
-
-#[derive(Default)]
-struct TableBuilder {
-    trie: TrieBuilder,
-    buckets: Vec<Vec<PendingCandidate>>,
-}
-
-impl TableBuilder {
-    fn add(&mut self, c: PendingCandidate) {
-        let slot = if c.pattern.exact {
-            Slot::Exact
-        } else {
-            Slot::Prefix
-        };
-        let next = self.buckets.len() as u32;
-        let idx = *self
-            .trie
-            .slot_mut(c.pattern.key.as_bytes(), slot)
-            .get_or_insert(next);
-        if idx == next {
-            self.buckets.push(Vec::new());
-        }
-        if let Some(b) = self.buckets.get_mut(idx as usize) {
-            b.push(c);
-        }
-    }
-
-    fn finish(self) -> UriTable {
-        let buckets = self
-            .buckets
-            .into_iter()
-            .map(|mut b| {
-                // lua-resty-radixtree `sort_route`: priority desc, then longer declared URI;
-                // the stable sort keeps insertion order for full ties.
-                b.sort_by(|x, y| y.priority.cmp(&x.priority).then(y.uri_len.cmp(&x.uri_len)));
-                b.into_iter()
-                    .map(|c| Candidate {
-                        route: c.route,
-                        methods: c.methods,
-                        filtered: c.filtered,
-                        key_len: c.pattern.key.len() as u32,
-                        matcher: c.pattern.matcher,
-                    })
-                    .collect()
-            })
-            .collect();
-        UriTable {
-            trie: self.trie.finish(),
-            buckets,
-        }
-    }
-}
-
-#[derive(Default)]
-struct Builder {
-    hosts: TrieBuilder,
-    host_tables: Vec<TableBuilder>,
-    any_host: TableBuilder,
-}
-
-impl Builder {
-    fn host_table(&mut self, h: &HostKey) -> &mut TableBuilder {
-        let slot = if h.wildcard {
-            Slot::Prefix
-        } else {
-            Slot::Exact
-        };
-        let next = self.host_tables.len() as u32;
-        let idx = *self.hosts.slot_mut(&h.reversed, slot).get_or_insert(next);
-        if idx == next {
-            self.host_tables.push(TableBuilder::default());
-        }
-        &mut self.host_tables[idx as usize]
-    }
 }

@@ -465,3 +465,151 @@ fn wildcard_host_table_keeps_uri_order() {
     assert_eq!(find(&r, &req("/p/x").host("a.t")), Some("exact"));
     assert_eq!(find(&r, &req("/p/y").host("a.t")), Some("prefix"));
 }
+
+/// Issue 16: a router changed route by route (`insert`, `remove`, replace) on clones answers every request exactly as
+/// `Router::build` over the same routes in the same order, and the versions it was cloned from keep answering as
+/// before. Random specs from small pools, so keys, hosts, priorities and tie-breaks collide often.
+#[test]
+fn incremental_updates_match_a_rebuild() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use std::collections::BTreeMap;
+
+    const URIS: &[&str] = &[
+        "/a",
+        "/a/*",
+        "/a*",
+        "/a/:id",
+        "/a/b",
+        "/a/b/*",
+        "/b",
+        "/b*",
+        "/*",
+        "/a/:id/c",
+        "/c/:x/*rest",
+        "/a/b/c",
+        "/ab",
+    ];
+    const HOSTS: &[&str] = &["example.com", "*.example.com", "a.example.com", "*.com"];
+    const PATHS: &[&str] = &[
+        "/", "/a", "/a/", "/a/x", "/a/b", "/a/b/c", "/a/x/c", "/ab", "/abc", "/b", "/bz",
+        "/c/1/z/y", "/zz",
+    ];
+    const REQ_HOSTS: &[Option<&str>] = &[
+        None,
+        Some("example.com"),
+        Some("a.example.com"),
+        Some("x.example.com"),
+        Some("foo.com"),
+    ];
+    fn random_spec(rng: &mut StdRng, value: u32) -> RouteSpec<u32> {
+        let pick = |rng: &mut StdRng, from: &[&str], max: usize| -> Vec<String> {
+            let n = rng.gen_range(0..=max);
+            (0..n)
+                .map(|_| from[rng.gen_range(0..from.len())].to_owned())
+                .collect()
+        };
+        let mut uris = pick(rng, URIS, 2);
+        if uris.is_empty() {
+            uris.push(URIS[rng.gen_range(0..URIS.len())].to_owned());
+        }
+        RouteSpec {
+            uris,
+            hosts: if rng.gen_bool(0.4) {
+                pick(rng, HOSTS, 2)
+            } else {
+                Vec::new()
+            },
+            methods: if rng.gen_bool(0.3) {
+                vec!["POST".into()]
+            } else {
+                Vec::new()
+            },
+            remote_addrs: if rng.gen_bool(0.2) {
+                vec!["10.0.0.0/8".into()]
+            } else {
+                Vec::new()
+            },
+            vars: None,
+            priority: [0, 0, 1, -1][rng.gen_range(0..4)],
+            value,
+        }
+    }
+    /// The value found and its captures.
+    type Answer = Option<(u32, Vec<(String, std::ops::Range<usize>)>)>;
+    fn answers(r: &Router<u32>) -> Vec<Answer> {
+        let mut out = Vec::new();
+        let mut p = Params::new();
+        for path in PATHS {
+            for host in REQ_HOSTS {
+                for (method, addr) in [("GET", "10.1.1.1"), ("POST", "192.168.1.1")] {
+                    let mut q = req(path).method(method).addr(addr);
+                    q.host = host.map(str::to_owned);
+                    out.push(r.find(&q, &mut p).map(|v| {
+                        let params = p.iter().map(|(k, r)| (k.to_owned(), r)).collect();
+                        (*v, params)
+                    }));
+                }
+            }
+        }
+        out
+    }
+    fn rebuild(model: &BTreeMap<u32, RouteSpec<u32>>) -> Router<u32> {
+        Router::build(model.values().cloned().collect()).unwrap()
+    }
+
+    let mut next_value = 0u32;
+    for seed in 0..16u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut model: BTreeMap<u32, RouteSpec<u32>> = BTreeMap::new();
+        let mut router: Router<u32> = Router::default();
+        // Earlier versions with what they answered: a change to a clone must never reach them.
+        let mut kept: Vec<(Router<u32>, Vec<_>)> = Vec::new();
+        for step in 0..60 {
+            let order = rng.gen_range(0..24u32);
+            let mut next = router.clone();
+            if rng.gen_bool(0.65) {
+                next_value += 1;
+                let spec = random_spec(&mut rng, next_value);
+                next.insert(order, &spec, next_value).unwrap();
+                model.insert(order, spec);
+            } else {
+                assert_eq!(next.remove(order), model.remove(&order).is_some());
+            }
+            assert_eq!(next.len(), model.len());
+            assert_eq!(
+                answers(&next),
+                answers(&rebuild(&model)),
+                "seed {seed} step {step}: incremental and rebuilt routers differ"
+            );
+            if step % 10 == 0 {
+                let a = answers(&router);
+                kept.push((router, a));
+            }
+            router = next;
+        }
+        for (old, a) in &kept {
+            assert_eq!(&answers(old), a, "seed {seed}: an earlier version changed");
+        }
+        // Removing every route leaves an empty router that matches nothing.
+        for order in model.keys() {
+            assert!(router.remove(*order));
+        }
+        assert!(router.is_empty());
+        assert!(answers(&router).iter().all(Option::is_none));
+    }
+}
+
+/// A spec that does not compile changes nothing, not even the route it would have replaced.
+#[test]
+fn a_failed_insert_changes_nothing() {
+    let mut r: Router<u32> = Router::default();
+    r.insert(1, &RouteSpec::new("/a", 1), 1).unwrap();
+    let mut bad = RouteSpec::new("/b", 2);
+    bad.methods = vec!["FETCH".into()];
+    let e = r.insert(1, &bad, 2).unwrap_err();
+    assert_eq!(e.index, 1);
+    let mut p = Params::new();
+    assert_eq!(r.find(&req("/a"), &mut p), Some(&1));
+    assert_eq!(r.find(&req("/b"), &mut p), None);
+}

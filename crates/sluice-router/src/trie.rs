@@ -1,21 +1,17 @@
 //! A compressed (radix) byte trie with two payload slots per key: `exact` and `prefix`.
 //!
-//! Owns the key → payload index and the lookup order the router needs: the exact slot of the
+//! Owns the key → payload map and the lookup order the router needs: the exact slot of the
 //! whole key first, then every prefix slot along the key from the longest to the shortest
-//! (lua-resty-radixtree's `hash_path` then `radix_tree_up` walk). Payloads are plain `u32`
-//! indices; what they point at is the caller's business. Built once, then read-only: lookup
-//! is `O(key length + prefix hits)`, allocation-free, and independent of the number of keys.
+//! (lua-resty-radixtree's `hash_path` then `radix_tree_up` walk). Payloads are opaque to it.
+//!
+//! Persistent (issue 16): nodes are `Arc`s and every change goes through `Arc::make_mut`, so
+//! a trie that is not shared is changed in place (a build) while one shared with a published
+//! router is changed by copying only the nodes on the key's path (O(key length × fan-out),
+//! independent of the number of keys); the old version keeps serving unchanged. Lookup is
+//! `O(key length + prefix hits)`, allocation-free, and independent of the number of keys; the
+//! prefix hits are visited while the walk unwinds, longest first.
 
-/// Build-time node: owned label and child lists, rewritten freely while inserting.
-#[derive(Debug, Clone, Default)]
-struct BuildNode {
-    label: Vec<u8>,
-    /// First byte of each child's label, sorted; parallel to `children`.
-    child_bytes: Vec<u8>,
-    children: Vec<u32>,
-    exact: Option<u32>,
-    prefix: Option<u32>,
-}
+use std::sync::Arc;
 
 /// Which slot a payload came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,223 +20,201 @@ pub(crate) enum Slot {
     Prefix,
 }
 
-/// The mutable form, used while compiling a snapshot; [`TrieBuilder::finish`] freezes it.
 #[derive(Debug, Clone)]
-pub(crate) struct TrieBuilder {
-    nodes: Vec<BuildNode>,
-}
-
-impl Default for TrieBuilder {
-    fn default() -> Self {
-        TrieBuilder {
-            nodes: vec![BuildNode::default()],
-        }
-    }
-}
-
-impl TrieBuilder {
-    /// The payload slot for `key`, created empty if needed.
-    pub(crate) fn slot_mut(&mut self, key: &[u8], slot: Slot) -> &mut Option<u32> {
-        let id = self.insert(key) as usize;
-        let node = &mut self.nodes[id];
-        match slot {
-            Slot::Exact => &mut node.exact,
-            Slot::Prefix => &mut node.prefix,
-        }
-    }
-
-    fn insert(&mut self, mut key: &[u8]) -> u32 {
-        let mut node = 0usize;
-        loop {
-            let Some(&first) = key.first() else {
-                return node as u32;
-            };
-            let (at, child_id) = match self.nodes[node].child_bytes.binary_search(&first) {
-                Err(at) => {
-                    let id = self.nodes.len() as u32;
-                    self.nodes.push(BuildNode {
-                        label: key.to_vec(),
-                        ..BuildNode::default()
-                    });
-                    let parent = &mut self.nodes[node];
-                    parent.child_bytes.insert(at, first);
-                    parent.children.insert(at, id);
-                    return id;
-                }
-                Ok(at) => (at, self.nodes[node].children[at] as usize),
-            };
-            let label = &self.nodes[child_id].label;
-            let common = label.iter().zip(key).take_while(|(a, b)| a == b).count();
-            if common < label.len() {
-                // Split `child` into `mid` (shared part) -> `child` (rest).
-                let mid_id = self.nodes.len() as u32;
-                let rest = self.nodes[child_id].label.split_off(common);
-                let shared = std::mem::replace(&mut self.nodes[child_id].label, rest);
-                let rest_first = self.nodes[child_id].label[0];
-                self.nodes.push(BuildNode {
-                    label: shared,
-                    child_bytes: vec![rest_first],
-                    children: vec![child_id as u32],
-                    ..BuildNode::default()
-                });
-                self.nodes[node].children[at] = mid_id;
-                node = mid_id as usize;
-            } else {
-                node = child_id;
-            }
-            key = &key[common..];
-        }
-    }
-
-    /// Freezes into the compact lookup form: flat arrays, breadth-first node order so that
-    /// siblings sit next to each other, and `up` links to the nearest prefix ancestor.
-    pub(crate) fn finish(self) -> Trie {
-        let mut t = Trie {
-            nodes: Vec::with_capacity(self.nodes.len()),
-            labels: Vec::new(),
-            child_bytes: Vec::new(),
-            child_ids: Vec::new(),
-        };
-        // (build id, new id of the nearest ancestor with a prefix payload)
-        let mut queue = std::collections::VecDeque::from([(0usize, NONE)]);
-        // Children of new node `k` are given consecutive ids when `k` is dequeued.
-        let mut next_id = 1u32;
-        while let Some((bid, up)) = queue.pop_front() {
-            let b = &self.nodes[bid];
-            let id = t.nodes.len() as u32;
-            let label_start = t.labels.len() as u32;
-            t.labels.extend_from_slice(&b.label);
-            let child_start = t.child_ids.len() as u32;
-            t.child_bytes.extend_from_slice(&b.child_bytes);
-            for _ in &b.children {
-                t.child_ids.push(next_id);
-                next_id += 1;
-            }
-            t.nodes.push(Node {
-                label_start,
-                label_len: b.label.len() as u32,
-                child_start,
-                child_len: b.children.len() as u32,
-                exact: b.exact.unwrap_or(NONE),
-                prefix: b.prefix.unwrap_or(NONE),
-                up,
-            });
-            let below = if b.prefix.is_some() { id } else { up };
-            for &c in &b.children {
-                queue.push_back((c as usize, below));
-            }
-        }
-        t
-    }
-}
-
-const NONE: u32 = u32::MAX;
-
-/// Frozen node: 28 bytes, all references are offsets into the trie's flat arrays.
-#[derive(Debug, Clone, Copy)]
-struct Node {
-    label_start: u32,
-    label_len: u32,
-    child_start: u32,
-    child_len: u32,
-    exact: u32,
-    prefix: u32,
-    /// Nearest strict ancestor carrying a prefix payload.
-    up: u32,
-}
-
-/// Read-only radix trie (see the module docs for the lookup order).
-#[derive(Debug, Clone)]
-pub(crate) struct Trie {
-    nodes: Vec<Node>,
-    labels: Vec<u8>,
+struct Node<P> {
+    label: Box<[u8]>,
+    /// First byte of each child's label, sorted; parallel to `children`.
     child_bytes: Vec<u8>,
-    child_ids: Vec<u32>,
+    children: Vec<Arc<Node<P>>>,
+    exact: Option<P>,
+    prefix: Option<P>,
 }
 
-impl Default for Trie {
-    fn default() -> Self {
-        TrieBuilder::default().finish()
+impl<P> Node<P> {
+    fn new(label: &[u8]) -> Self {
+        Node {
+            label: label.into(),
+            child_bytes: Vec::new(),
+            children: Vec::new(),
+            exact: None,
+            prefix: None,
+        }
     }
-}
 
-impl Trie {
+    fn is_empty(&self) -> bool {
+        self.children.is_empty() && self.exact.is_none() && self.prefix.is_none()
+    }
+
     #[inline]
-    fn child(&self, n: &Node, b: u8) -> Option<u32> {
-        let start = n.child_start as usize;
-        let bytes = self.child_bytes.get(start..start + n.child_len as usize)?;
+    fn child(&self, b: u8) -> Option<&Node<P>> {
         // Most nodes have a handful of children: a linear scan beats a binary search there.
-        let at = if bytes.len() <= 16 {
-            bytes.iter().position(|&c| c == b)?
+        let at = if self.child_bytes.len() <= 16 {
+            self.child_bytes.iter().position(|&c| c == b)?
         } else {
-            bytes.binary_search(&b).ok()?
+            self.child_bytes.binary_search(&b).ok()?
         };
-        self.child_ids.get(start + at).copied()
+        self.children.get(at).map(|c| &**c)
     }
+}
 
+/// The trie; cloning it is O(1) (the root is shared until one side changes).
+#[derive(Debug)]
+pub(crate) struct Trie<P> {
+    root: Arc<Node<P>>,
+}
+
+impl<P> Clone for Trie<P> {
+    fn clone(&self) -> Self {
+        Trie {
+            root: self.root.clone(),
+        }
+    }
+}
+
+impl<P> Default for Trie<P> {
+    fn default() -> Self {
+        Trie {
+            root: Arc::new(Node::new(b"")),
+        }
+    }
+}
+
+impl<P: Clone> Trie<P> {
+    /// Changes the payload in `slot` of `key` with `f` (which may create, change or clear it), copying the nodes on
+    /// the key's path that are shared with another version. Nodes left without payload or children are pruned.
+    pub(crate) fn update<R>(
+        &mut self,
+        key: &[u8],
+        slot: Slot,
+        f: impl FnOnce(&mut Option<P>) -> R,
+    ) -> R {
+        update(&mut self.root, key, slot, f)
+    }
+}
+
+fn update<P: Clone, R>(
+    node: &mut Arc<Node<P>>,
+    key: &[u8],
+    slot: Slot,
+    f: impl FnOnce(&mut Option<P>) -> R,
+) -> R {
+    let n = Arc::make_mut(node);
+    let Some(&first) = key.first() else {
+        return f(match slot {
+            Slot::Exact => &mut n.exact,
+            Slot::Prefix => &mut n.prefix,
+        });
+    };
+    let at = match n.child_bytes.binary_search(&first) {
+        Ok(at) => at,
+        Err(at) => {
+            let mut leaf = Node::new(key);
+            let r = f(match slot {
+                Slot::Exact => &mut leaf.exact,
+                Slot::Prefix => &mut leaf.prefix,
+            });
+            if !leaf.is_empty() {
+                n.child_bytes.insert(at, first);
+                n.children.insert(at, Arc::new(leaf));
+            }
+            return r;
+        }
+    };
+    let Some(child) = n.children.get_mut(at) else {
+        unreachable!("child_bytes and children are parallel")
+    };
+    let common = child
+        .label
+        .iter()
+        .zip(key)
+        .take_while(|(a, b)| a == b)
+        .count();
+    if common < child.label.len() {
+        // Split `child` into `mid` (shared part) -> `child` (rest).
+        let mut rest = (**child).clone();
+        rest.label = child.label[common..].into();
+        let mut mid = Node::new(&child.label[..common]);
+        mid.child_bytes.push(rest.label[0]);
+        mid.children.push(Arc::new(rest));
+        *child = Arc::new(mid);
+    }
+    let r = update(child, &key[common..], slot, f);
+    // Keep the trie compressed under churn: drop empty nodes, merge a payload-less node into its only child.
+    if child.is_empty() {
+        n.child_bytes.remove(at);
+        n.children.remove(at);
+    } else if child.exact.is_none() && child.prefix.is_none() && child.children.len() == 1 {
+        let c = Arc::make_mut(child);
+        let Some(mut only) = c.children.pop() else {
+            unreachable!("one child")
+        };
+        let label: Box<[u8]> = c.label.iter().chain(only.label.iter()).copied().collect();
+        Arc::make_mut(&mut only).label = label;
+        *child = only;
+    }
+    r
+}
+
+impl<P> Trie<P> {
     /// Calls `f` with the exact payload of `key`, then with each prefix payload along `key`
     /// from the longest prefix to the shortest, until `f` returns `Some`.
     #[inline]
-    pub(crate) fn lookup<R>(&self, key: &[u8], f: impl FnMut(u32, Slot) -> Option<R>) -> Option<R> {
-        self.lookup_by(Forward(key), f)
+    pub(crate) fn lookup<'a, R>(
+        &'a self,
+        key: &[u8],
+        mut f: impl FnMut(&'a P, Slot) -> Option<R>,
+    ) -> Option<R> {
+        walk(&self.root, Forward(key), 0, &mut f)
     }
 
     /// [`Trie::lookup`] over `key` read back to front (hosts are stored reversed, so a
     /// `*.example.com` suffix becomes a prefix) without copying it.
     #[inline]
-    pub(crate) fn lookup_rev<R>(
-        &self,
+    pub(crate) fn lookup_rev<'a, R>(
+        &'a self,
         key: &[u8],
-        f: impl FnMut(u32, Slot) -> Option<R>,
+        mut f: impl FnMut(&'a P, Slot) -> Option<R>,
     ) -> Option<R> {
-        self.lookup_by(Backward(key), f)
+        walk(&self.root, Backward(key), 0, &mut f)
     }
 
-    #[inline]
-    fn lookup_by<K: Key, R>(&self, key: K, mut f: impl FnMut(u32, Slot) -> Option<R>) -> Option<R> {
-        let mut node = self.nodes.first()?;
-        let mut id = 0u32;
-        let mut pos = 0usize;
-        let mut deepest = NONE;
-        loop {
-            if node.prefix != NONE {
-                deepest = id;
+    /// No key holds a payload.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.root.is_empty()
+    }
+}
+
+/// `node`'s label is matched up to `pos`: its subtree's exact hit and prefix hits first, then its own prefix.
+/// Recursion depth is bounded by the trie's depth (the configured keys), not by the request.
+fn walk<'a, P, K: Key, R>(
+    node: &'a Node<P>,
+    key: K,
+    pos: usize,
+    f: &mut impl FnMut(&'a P, Slot) -> Option<R>,
+) -> Option<R> {
+    match key.at(pos) {
+        None => {
+            if let Some(e) = &node.exact {
+                if let r @ Some(_) = f(e, Slot::Exact) {
+                    return r;
+                }
             }
-            let Some(b) = key.at(pos) else {
-                if node.exact != NONE {
-                    if let r @ Some(_) = f(node.exact, Slot::Exact) {
+        }
+        Some(b) => {
+            if let Some(child) = node.child(b) {
+                let ll = child.label.len();
+                // The first byte is known equal; single-byte labels (digit fan-out) need no more.
+                if ll <= 1 || key.eq_at(pos + 1, child.label.get(1..).unwrap_or_default()) {
+                    if let r @ Some(_) = walk(child, key, pos + ll, f) {
                         return r;
                     }
                 }
-                break;
-            };
-            let Some(child_id) = self.child(node, b) else {
-                break;
-            };
-            let Some(child) = self.nodes.get(child_id as usize) else {
-                break;
-            };
-            let (ls, ll) = (child.label_start as usize, child.label_len as usize);
-            // The first byte is known equal; single-byte labels (digit fan-out) need no more.
-            if ll > 1 {
-                let Some(want) = self.labels.get(ls + 1..ls + ll) else {
-                    break;
-                };
-                if !key.eq_at(pos + 1, want) {
-                    break;
-                }
             }
-            pos += ll;
-            node = child;
-            id = child_id;
         }
-        while let Some(n) = self.nodes.get(deepest as usize) {
-            if let r @ Some(_) = f(n.prefix, Slot::Prefix) {
-                return r;
-            }
-            deepest = n.up;
-        }
-        None
+    }
+    match &node.prefix {
+        Some(p) => f(p, Slot::Prefix),
+        None => None,
     }
 }
 
@@ -290,27 +264,35 @@ impl Key for Backward<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Slot, Trie, TrieBuilder};
+    use super::{Slot, Trie};
 
-    fn collect(t: &Trie, key: &str) -> Vec<(u32, Slot)> {
+    fn set(t: &mut Trie<u32>, key: &[u8], slot: Slot, v: Option<u32>) {
+        t.update(key, slot, |p| *p = v);
+    }
+
+    fn collect(t: &Trie<u32>, key: &str) -> Vec<(u32, Slot)> {
         let mut out = Vec::new();
         t.lookup::<()>(key.as_bytes(), |p, s| {
-            out.push((p, s));
+            out.push((*p, s));
             None
         });
         out
     }
 
+    fn sample() -> Trie<u32> {
+        let mut t = Trie::default();
+        set(&mut t, b"/", Slot::Prefix, Some(1));
+        set(&mut t, b"/api/", Slot::Prefix, Some(2));
+        set(&mut t, b"/api/v1/users", Slot::Exact, Some(3));
+        set(&mut t, b"/api/v1/", Slot::Prefix, Some(4));
+        set(&mut t, b"/apx", Slot::Exact, Some(5));
+        set(&mut t, b"/api/v1/users", Slot::Prefix, Some(6));
+        t
+    }
+
     #[test]
     fn exact_then_longest_to_shortest_prefix() {
-        let mut t = TrieBuilder::default();
-        *t.slot_mut(b"/", Slot::Prefix) = Some(1);
-        *t.slot_mut(b"/api/", Slot::Prefix) = Some(2);
-        *t.slot_mut(b"/api/v1/users", Slot::Exact) = Some(3);
-        *t.slot_mut(b"/api/v1/", Slot::Prefix) = Some(4);
-        *t.slot_mut(b"/apx", Slot::Exact) = Some(5);
-        *t.slot_mut(b"/api/v1/users", Slot::Prefix) = Some(6);
-        let t = t.finish();
+        let t = sample();
         use Slot::*;
         assert_eq!(
             collect(&t, "/api/v1/users"),
@@ -333,16 +315,49 @@ mod tests {
     }
 
     #[test]
+    fn a_change_copies_the_path_and_leaves_the_old_version_serving() {
+        let old = sample();
+        let mut new = old.clone();
+        set(&mut new, b"/api/v1/", Slot::Prefix, None);
+        set(&mut new, b"/apx", Slot::Exact, None);
+        set(&mut new, b"/api/v2", Slot::Exact, Some(7));
+        use Slot::*;
+        assert_eq!(
+            collect(&new, "/api/v1/users"),
+            vec![(3, Exact), (6, Prefix), (2, Prefix), (1, Prefix)]
+        );
+        assert_eq!(collect(&new, "/apx"), vec![(1, Prefix)]);
+        assert_eq!(
+            collect(&new, "/api/v2"),
+            vec![(7, Exact), (2, Prefix), (1, Prefix)]
+        );
+        // The old version is untouched.
+        assert_eq!(collect(&old, "/apx"), vec![(5, Exact), (1, Prefix)]);
+        assert_eq!(collect(&old, "/api/v2"), vec![(2, Prefix), (1, Prefix)]);
+        // Clearing every payload prunes every node.
+        for (k, s) in [
+            (&b"/"[..], Prefix),
+            (b"/api/", Prefix),
+            (b"/api/v1/users", Exact),
+            (b"/api/v1/users", Prefix),
+            (b"/api/v2", Exact),
+        ] {
+            set(&mut new, k, s, None);
+        }
+        assert!(new.is_empty());
+        assert!(!old.is_empty());
+    }
+
+    #[test]
     fn reversed_lookup_reads_back_to_front() {
-        let mut t = TrieBuilder::default();
-        *t.slot_mut(b"moc.elpmaxe.", Slot::Prefix) = Some(1);
-        *t.slot_mut(b"moc.elpmaxe.oof", Slot::Exact) = Some(2);
-        *t.slot_mut(b"moc.", Slot::Prefix) = Some(3);
-        let t = t.finish();
+        let mut t = Trie::default();
+        set(&mut t, b"moc.elpmaxe.", Slot::Prefix, Some(1));
+        set(&mut t, b"moc.elpmaxe.oof", Slot::Exact, Some(2));
+        set(&mut t, b"moc.", Slot::Prefix, Some(3));
         let rev = |k: &str| {
             let mut out = Vec::new();
             t.lookup_rev::<()>(k.as_bytes(), |p, _| {
-                out.push(p);
+                out.push(*p);
                 None
             });
             out
@@ -356,15 +371,14 @@ mod tests {
 
     #[test]
     fn stops_at_first_some() {
-        let mut t = TrieBuilder::default();
-        *t.slot_mut(b"ab", Slot::Prefix) = Some(1);
-        *t.slot_mut(b"a", Slot::Prefix) = Some(2);
-        *t.slot_mut(b"", Slot::Prefix) = Some(3);
-        let t = t.finish();
+        let mut t = Trie::default();
+        set(&mut t, b"ab", Slot::Prefix, Some(1));
+        set(&mut t, b"a", Slot::Prefix, Some(2));
+        set(&mut t, b"", Slot::Prefix, Some(3));
         let mut seen = 0;
         let r = t.lookup(b"abc", |p, _| {
             seen += 1;
-            (p == 2).then_some(p)
+            (*p == 2).then_some(*p)
         });
         assert_eq!((r, seen), (Some(2), 2));
         assert_eq!(collect(&t, "zzz"), vec![(3, Slot::Prefix)]);

@@ -295,7 +295,7 @@ fn read_last_known_good(path: &Path, prefix: &str) -> Result<Option<Snapshot>, S
     }
     Ok(Some(Snapshot {
         revision: lkg.revision,
-        entries: lkg.entries,
+        entries: lkg.entries.into_iter().collect(),
     }))
 }
 
@@ -305,7 +305,11 @@ fn write_last_known_good(path: &Path, prefix: &str, snap: &Snapshot) -> std::io:
     let body = serde_json::to_vec(&LastKnownGood {
         prefix: prefix.to_owned(),
         revision: snap.revision,
-        entries: snap.entries.clone(),
+        entries: snap
+            .entries
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     })?;
     let tmp = path.with_extension("json.tmp");
     let mut opts = std::fs::OpenOptions::new();
