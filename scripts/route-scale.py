@@ -5,7 +5,7 @@ store) holding N routes.
 Phases, each reported with the gateway's RSS (VmRSS from /proc, MiB):
   idle     the gateway started with an empty store
   load     N routes loaded: `--load yaml` seeds apisix.yaml on first start (timed to ready), `--load admin`
-           sends them in one `PUT /apisix/admin/configs` (timed end to end, `?wait=applied`)
+           sends them in one `PUT /apisix/admin/configs` (timed to its answer, and to `/r/<N>` being routed)
   writes   W sequential `PUT /apisix/admin/routes/<id>?wait=applied` (each timed end to end by this client:
            median, p90, max), changing the upstream node weight (`--change upstream`) or the uri
            (`--change uri`) of existing routes spread over the id range, or adding new routes (`--change add`:
@@ -141,11 +141,23 @@ def main():
             summary["load_s"] = round(time.monotonic() - t, 3)
             if st >= 300:
                 sys.exit(f"bulk load failed: {st} {body[:300]!r}")
+            # End to end: from the request to the last route answering on the proxy (502: its upstream is never
+            # up; 404 would mean not routed yet).
+            while time.monotonic() - t < 600:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                c.request("GET", f"/r/{a.routes}")
+                code = c.getresponse().status
+                c.close()
+                if code != 404:
+                    break
+                time.sleep(0.001)
+            summary["served_s"] = round(time.monotonic() - t, 3)
         else:
             summary["load_s"] = round(time.monotonic() - t0, 3)
         time.sleep(1.0)
         summary["loaded_rss_mib"] = round(rss_mib(proc.pid), 1)
-        print(f"load: {a.routes} routes via {a.load} in {summary['load_s']} s (ready after {ready:.2f} s), "
+        print(f"load: {a.routes} routes via {a.load} in {summary['load_s']} s "
+              f"(last route served after {summary.get('served_s', '-')} s; ready after {ready:.2f} s), "
               f"rss {summary['loaded_rss_mib']} MiB", flush=True)
 
         def put(n, k):

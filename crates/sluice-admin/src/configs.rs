@@ -28,7 +28,7 @@ pub(crate) struct Answer {
 }
 
 impl Answer {
-    fn json(status: u16, v: Value) -> Answer {
+    pub(crate) fn json(status: u16, v: Value) -> Answer {
         Answer {
             status,
             ctype: "application/json",
@@ -41,7 +41,7 @@ impl Answer {
         }
     }
 
-    fn error(status: u16, msg: impl Into<String>) -> Answer {
+    pub(crate) fn error(status: u16, msg: impl Into<String>) -> Answer {
         Answer::json(status, json!({"error_msg": msg.into()}))
     }
 
@@ -62,7 +62,7 @@ impl Answer {
 const DIGEST: &str = "X-Digest";
 const LAST_MODIFIED: &str = "X-Last-Modified";
 
-fn version_key(kind: &str) -> String {
+pub(crate) fn version_key(kind: &str) -> String {
     format!("{kind}_conf_version")
 }
 
@@ -197,7 +197,7 @@ fn get(api: &ApiStandalone, accept: Option<&str>) -> Answer {
     answer.meta(doc.as_ref())
 }
 
-fn validate(state: &AdminState, req: &Request<'_>) -> Answer {
+pub(crate) fn validate(state: &AdminState, req: &Request<'_>) -> Answer {
     let body = match parse(req) {
         Ok(b) => b,
         Err(a) => return a,
@@ -212,7 +212,7 @@ fn validate(state: &AdminState, req: &Request<'_>) -> Answer {
 }
 
 /// The body as a JSON object, from JSON or (with `Content-Type: application/yaml`) YAML.
-fn parse(req: &Request<'_>) -> Result<Map<String, Value>, Answer> {
+pub(crate) fn parse(req: &Request<'_>) -> Result<Map<String, Value>, Answer> {
     if req.body.iter().all(u8::is_ascii_whitespace) {
         return Err(Answer::error(
             400,
@@ -300,7 +300,7 @@ fn check_items(state: &AdminState, body: &Map<String, Value>, all: bool) -> Resu
     }
 }
 
-fn type_name(v: &Value) -> &'static str {
+pub(crate) fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "nil",
         Value::Bool(_) => "boolean",

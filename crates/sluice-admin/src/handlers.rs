@@ -545,7 +545,7 @@ async fn wait_for_nodes(
 
 /// The complete configuration after `ops`. When the store's published view is at `snap`'s revision, only the
 /// touched keys are decoded (and, for routes and their kin, without copying the key space); else a full decode.
-fn candidate_resources(state: &AdminState, snap: &Snapshot, ops: &[Op]) -> Resources {
+pub(crate) fn candidate_resources(state: &AdminState, snap: &Snapshot, ops: &[Op]) -> Resources {
     let published = state.store.subscribe().borrow().clone();
     let de = state.store.data_encryption();
     let keys = || ops.iter().map(Op::key);
@@ -564,7 +564,7 @@ fn candidate_resources(state: &AdminState, snap: &Snapshot, ops: &[Op]) -> Resou
     kv::patch_resources(&published.resources, &candidate, keys(), &de)
 }
 
-fn json_type(v: &Value) -> &'static str {
+pub(crate) fn json_type(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "boolean",

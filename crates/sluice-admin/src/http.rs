@@ -278,41 +278,70 @@ async fn handle_whole(
             );
         }
     };
-    if let Some(api) = state.configs.clone() {
-        let path = rest.trim_end_matches('/');
-        if path == "/configs" || path == "/configs/validate" {
-            let header = |n: &str| {
-                req.headers()
-                    .get(n)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned)
-            };
-            let (ctype, accept, digest) =
-                (header("content-type"), header("accept"), header("x-digest"));
-            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) => {
-                    return respond(
-                        state,
-                        Reply::error(400, format!("invalid request body: {e}")),
-                    )
-                }
-            };
-            let r = crate::configs::Request {
-                method: &method,
-                path,
-                content_type: ctype.as_deref(),
-                accept: accept.as_deref(),
-                digest: digest.as_deref(),
-                body,
-            };
-            let answer = if method == "PUT" && path == "/configs" {
-                crate::configs::put(state, &api, r).await
-            } else {
-                crate::configs::handle(state, &api, r)
-            };
-            return respond_answer(state, answer);
+    let cpath = rest.trim_end_matches('/');
+    // `/configs`: API-driven standalone, or the bulk load of the traditional role (not file-driven standalone,
+    // whose file is the configuration).
+    let bulk = state.configs.is_none() && !state.config.standalone;
+    if (cpath == "/configs" || cpath == "/configs/validate") && (state.configs.is_some() || bulk) {
+        let header = |n: &str| {
+            req.headers()
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let (ctype, accept, digest) =
+            (header("content-type"), header("accept"), header("x-digest"));
+        let max = crate::bulk::MAX_BODY;
+        // Refused before reading when the length says it is too large (APISIX's `get_body` text).
+        if let Some(len) = header("content-length").and_then(|l| l.parse::<u64>().ok()) {
+            if len > max as u64 {
+                return respond(
+                    state,
+                    Reply::error(
+                        400,
+                        format!(
+                            "invalid request body: request size {len} is greater than the maximum size {max} allowed"
+                        ),
+                    ),
+                );
+            }
         }
+        let body = match Limited::new(req.into_body(), max).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return respond(
+                    state,
+                    Reply::error(
+                        400,
+                        format!(
+                            "invalid request body: request size is greater than the maximum size {max} allowed"
+                        ),
+                    ),
+                )
+            }
+            Err(e) => {
+                return respond(
+                    state,
+                    Reply::error(400, format!("invalid request body: {e}")),
+                )
+            }
+        };
+        let r = crate::configs::Request {
+            method: &method,
+            path: cpath,
+            content_type: ctype.as_deref(),
+            accept: accept.as_deref(),
+            digest: digest.as_deref(),
+            body,
+        };
+        let answer = match state.configs.clone() {
+            Some(api) if method == "PUT" && cpath == "/configs" => {
+                crate::configs::put(state, &api, r).await
+            }
+            Some(api) => crate::configs::handle(state, &api, r),
+            None => crate::bulk::handle(state, role, r).await,
+        };
+        return respond_answer(state, answer);
     }
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),

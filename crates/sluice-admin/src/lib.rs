@@ -9,6 +9,7 @@
 //! (live stats, request tester, effective chains: Sluice's own endpoints over the running data plane), `ui` (the
 //! dashboard's embedded files at `/ui/`).
 
+mod bulk;
 mod config;
 mod configs;
 mod dataplane;

@@ -34,6 +34,29 @@ pub fn validate(schema: &Value, v: &Value) -> Result<(), String> {
     combinators(s, v)
 }
 
+/// `text` matches the schema pattern `p`. Patterns are compiled once per thread: the schemas use a few dozen, and a
+/// bulk load validates them against every resource (compiling per call cost ~60% of checking 3,000 routes).
+fn matches(p: &str, text: &str) -> Result<bool, String> {
+    thread_local! {
+        static CACHE: std::cell::RefCell<std::collections::HashMap<String, regex::Regex>> =
+            std::cell::RefCell::new(std::collections::HashMap::new());
+    }
+    CACHE.with(|c| {
+        if let Some(re) = c.borrow().get(p) {
+            return Ok(re.is_match(text));
+        }
+        let re = regex::Regex::new(p).map_err(|e| format!("invalid pattern {p:?}: {e}"))?;
+        let hit = re.is_match(text);
+        let mut c = c.borrow_mut();
+        // Schemas come from code and plugins, not from requests; the bound only guards against a surprise.
+        if c.len() >= 1024 {
+            c.clear();
+        }
+        c.insert(p.to_owned(), re);
+        Ok(hit)
+    })
+}
+
 fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -126,8 +149,7 @@ fn string(s: &Map<String, Value>, text: &str) -> Result<(), String> {
         }
     }
     if let Some(p) = s.get("pattern").and_then(Value::as_str) {
-        let re = regex::Regex::new(p).map_err(|e| format!("invalid pattern {p:?}: {e}"))?;
-        if !re.is_match(text) {
+        if !matches(p, text)? {
             return Err(format!("failed to match pattern {p:?} with {text:?}"));
         }
     }
@@ -203,8 +225,7 @@ fn object(s: &Map<String, Value>, obj: &Map<String, Value>) -> Result<(), String
             validate(p, value).map_err(|e| format!("property {name:?} validation failed: {e}"))?;
         }
         for (pat, p) in pattern_props.into_iter().flatten() {
-            let re = regex::Regex::new(pat).map_err(|e| format!("invalid pattern {pat:?}: {e}"))?;
-            if re.is_match(name) {
+            if matches(pat, name)? {
                 known = true;
                 validate(p, value)
                     .map_err(|e| format!("property {name:?} validation failed: {e}"))?;

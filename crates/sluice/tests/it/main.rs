@@ -9,6 +9,7 @@ mod api_standalone;
 mod balancer;
 mod bench_preset;
 mod bodies;
+mod bulk;
 mod cluster_bench;
 mod connection;
 mod control;
