@@ -104,6 +104,10 @@ pub struct WasmPlugin {
     /// Sluice: the most linear memory one instance may have, in bytes (default 64 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_limit: Option<u64>,
+    /// Sluice: the largest body, in bytes, the filter may buffer (a response body it asks for) or set (default
+    /// 4 MiB); past it the response is a 500.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_body_size: Option<u64>,
 }
 
 fn default_wasm_phase() -> String {

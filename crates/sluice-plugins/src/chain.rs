@@ -506,6 +506,15 @@ impl Chain {
         });
     }
 
+    /// Whether a body_filter plugin of this chain wants this response's body (see [`Plugin::filters_body`]).
+    pub fn filters_body(&self, ctx: &Ctx<'_>) -> bool {
+        self.mask.has(Phase::BodyFilter)
+            && self
+                .slots
+                .iter()
+                .any(|s| s.plugin.phases().has(Phase::BodyFilter) && s.plugin.filters_body(ctx))
+    }
+
     /// Runs body_filter over one piece of the response body (see [`crate::filters::body_filters`]).
     pub fn body_filter(&self, ctx: &mut Ctx<'_>, chunk: &mut crate::BodyChunk) {
         self.each_in(ctx, Phase::BodyFilter, |p, ctx| p.body_filter(ctx, chunk));

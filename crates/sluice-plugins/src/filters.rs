@@ -15,7 +15,7 @@ use bytes::Bytes;
 use sluice_http::ResponseHead;
 
 use crate::gzip::{Encoder, GzipConf};
-use crate::{Chain, Ctx, Phase, RespEdits};
+use crate::{Chain, Ctx, RespEdits};
 
 /// One call of the body_filter phase: APISIX's `ngx.arg[1]` (this piece of the body) and `ngx.arg[2]` (eof).
 /// A plugin may replace or clear `data` (clearing holds the piece back, to emit a buffered body later) and may set
@@ -297,14 +297,11 @@ pub fn header_filters(chains: &[Option<&Chain>], ctx: &mut Ctx<'_>, status: u16)
 /// Whether this response's body must go through [`body_filters`]: a chain (or the merged consumer's) has a
 /// body_filter plugin, or gzip applies.
 pub fn filters_body(chains: &[Option<&Chain>], ctx: &Ctx<'_>) -> bool {
-    chains
-        .iter()
-        .flatten()
-        .any(|c| c.mask().has(Phase::BodyFilter))
+    chains.iter().flatten().any(|c| c.filters_body(ctx))
         || ctx
             .consumer_chain
             .as_ref()
-            .is_some_and(|c| c.mask().has(Phase::BodyFilter))
+            .is_some_and(|c| c.filters_body(ctx))
         || ctx.out.encoder.is_some()
 }
 

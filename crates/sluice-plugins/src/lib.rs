@@ -188,6 +188,12 @@ pub trait Plugin: Send + Sync + 'static {
     /// plugin that changes the body calls `ctx.resp.clear_header_as_body_modified()` in its header_filter; one
     /// that must see the whole body holds pieces in `ctx.body_state` and emits them at eof.
     fn body_filter(&self, _ctx: &mut Ctx<'_>, _chunk: &mut BodyChunk) {}
+    /// Asked after header_filter, of plugins with the BodyFilter phase: whether this response's body must go
+    /// through [`Plugin::body_filter`]. A plugin that decides per response (a wasm filter, which asks for the body
+    /// in its header phase or not) answers false to leave the body streaming when no other plugin filters it.
+    fn filters_body(&self, _ctx: &Ctx<'_>) -> bool {
+        true
+    }
     fn log(&self, _ctx: &Ctx<'_>, _info: &LogInfo) {}
     /// Upstreams this plugin may send a request to instead of the route's (traffic-split). The proxy compiles
     /// them with the route when the snapshot is built; a hook picks one per request with

@@ -6,11 +6,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use wasmtime::{Caller, Linker, Memory, StoreLimits, TypedFunc};
 
 use crate::headers::{parse_pairs, HeaderMap};
@@ -76,10 +76,15 @@ pub(crate) struct Host {
     pub(crate) req: HeaderMap,
     pub(crate) resp: HeaderMap,
     pub(crate) facts: Facts,
-    /// The body handed to `proxy_on_request_body` / `proxy_on_response_body`.
-    pub(crate) body: Bytes,
+    /// The body handed to `proxy_on_request_body` / `proxy_on_response_body` (for the response: what the filter
+    /// has buffered so far).
+    pub(crate) body: BytesMut,
     /// The filter replaced part of [`Host::body`].
     pub(crate) body_changed: bool,
+    /// The most bytes [`Host::body`] may hold (`max_body_size`).
+    pub(crate) body_cap: usize,
+    /// `proxy_set_buffer_bytes` was refused: the body it asked for was over [`Host::body_cap`].
+    pub(crate) body_over: Option<usize>,
     pub(crate) local: Option<Local>,
     pub(crate) call: Option<CallOut>,
     pub(crate) next_token: u32,
@@ -103,8 +108,10 @@ impl Host {
             req: HeaderMap::default(),
             resp: HeaderMap::default(),
             facts: Facts::default(),
-            body: Bytes::new(),
+            body: BytesMut::new(),
             body_changed: false,
+            body_cap: crate::DEFAULT_MAX_BODY_SIZE,
+            body_over: None,
             local: None,
             call: None,
             next_token: 1,
@@ -308,11 +315,44 @@ fn shared() -> &'static Mutex<Shared> {
     })
 }
 
-/// A metric a filter defined: counter (0), gauge (1) or histogram (2, recorded as its last value).
+/// Metric types.
+const COUNTER: i32 = 0;
+const GAUGE: i32 = 1;
+const HISTOGRAM: i32 = 2;
+/// A histogram's bucket bounds (Envoy's default ones).
+const BOUNDS: [u64; 19] = [
+    1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000, 600_000,
+    1_800_000, 3_600_000, 0,
+];
+
+/// A metric a filter defined: counter (0), gauge (1) or histogram (2). Keyed by the plugin that defined it,
+/// its name and type; the same definition from several instances (or routes) is one metric.
 pub struct Metric {
+    pub plugin: &'static str,
     pub name: String,
     pub kind: i32,
+    /// A counter's or gauge's value; a histogram's last recorded value.
     pub value: AtomicI64,
+    /// A histogram's observations per bucket of [`BOUNDS`] (the last one is +Inf), their count and sum.
+    buckets: Box<[AtomicU64]>,
+    count: AtomicU64,
+    sum: AtomicU64,
+}
+
+impl Metric {
+    fn record(&self, v: i64) {
+        self.value.store(v, Ordering::Relaxed);
+        if self.kind == HISTOGRAM {
+            let v = v.max(0) as u64;
+            let i = BOUNDS[..BOUNDS.len() - 1]
+                .iter()
+                .position(|&b| v <= b)
+                .unwrap_or(BOUNDS.len() - 1);
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            self.count.fetch_add(1, Ordering::Relaxed);
+            self.sum.fetch_add(v, Ordering::Relaxed);
+        }
+    }
 }
 
 fn metrics() -> &'static Mutex<Vec<&'static Metric>> {
@@ -326,6 +366,78 @@ pub fn metric_values() -> Vec<(String, i32, i64)> {
     l.iter()
         .map(|m| (m.name.clone(), m.kind, m.value.load(Ordering::Relaxed)))
         .collect()
+}
+
+/// A metric name as Prometheus accepts it (`[a-zA-Z_:][a-zA-Z0-9_:]*`): other characters (Envoy-style dots,
+/// dashes) become `_`.
+fn prom_name(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Appends the filters' metrics to a Prometheus text exposition: `apisix_wasm_<name>{plugin="<plugin>"}`, with a
+/// counter as a counter, a gauge as a gauge and a histogram as a histogram (Envoy's default buckets). A name
+/// two plugins define with different types is exported for the first type only.
+pub fn render_metrics(out: &mut String) {
+    use std::fmt::Write;
+    let mut list: Vec<&'static Metric> = {
+        let l = metrics().lock().unwrap_or_else(|e| e.into_inner());
+        l.clone()
+    };
+    if list.is_empty() {
+        return;
+    }
+    list.sort_by(|a, b| (prom_name(&a.name), a.plugin).cmp(&(prom_name(&b.name), b.plugin)));
+    let mut family: Option<(String, i32)> = None;
+    for m in list {
+        let name = format!("apisix_wasm_{}", prom_name(&m.name));
+        match &family {
+            Some((n, k)) if *n == name => {
+                if *k != m.kind {
+                    continue;
+                }
+            }
+            _ => {
+                let ty = match m.kind {
+                    COUNTER => "counter",
+                    GAUGE => "gauge",
+                    _ => "histogram",
+                };
+                let _ = writeln!(out, "# HELP {name} Defined by a wasm filter ({:?})", m.name);
+                let _ = writeln!(out, "# TYPE {name} {ty}");
+                family = Some((name.clone(), m.kind));
+            }
+        }
+        let plugin = m.plugin;
+        if m.kind != HISTOGRAM {
+            let v = m.value.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}{{plugin=\"{plugin}\"}} {v}");
+            continue;
+        }
+        let mut acc = 0;
+        for (i, b) in BOUNDS.iter().enumerate() {
+            acc += m.buckets[i].load(Ordering::Relaxed);
+            if i + 1 == BOUNDS.len() {
+                let _ = writeln!(
+                    out,
+                    "{name}_bucket{{plugin=\"{plugin}\",le=\"+Inf\"}} {acc}"
+                );
+            } else {
+                let _ = writeln!(out, "{name}_bucket{{plugin=\"{plugin}\",le=\"{b}\"}} {acc}");
+            }
+        }
+        let sum = m.sum.load(Ordering::Relaxed);
+        let count = m.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_sum{{plugin=\"{plugin}\"}} {sum}");
+        let _ = writeln!(out, "{name}_count{{plugin=\"{plugin}\"}} {count}");
+    }
 }
 
 fn metric(id: i32) -> Option<&'static Metric> {
@@ -567,9 +679,21 @@ pub(crate) fn link(l: &mut Linker<Host>) -> wasmtime::Result<()> {
         E,
         "proxy_get_buffer_bytes",
         |mut c: Cx<'_>, typ: i32, start: i32, len: i32, out_p: i32, out_n: i32| {
+            if typ == REQUEST_BODY || typ == RESPONSE_BODY {
+                // Lent out of the host state while the guest's allocator runs (no copy of the whole body).
+                let body = std::mem::take(&mut c.data_mut().body);
+                let s = (start as u32 as usize).min(body.len());
+                let e = s.saturating_add(len as u32 as usize).min(body.len());
+                let r = if body.is_empty() {
+                    Ok(EMPTY)
+                } else {
+                    give(&mut c, &body[s..e], out_p, out_n)
+                };
+                c.data_mut().body = body;
+                return r;
+            }
             let h = c.data();
             let buf = match typ {
-                REQUEST_BODY | RESPONSE_BODY => h.body.clone(),
                 HTTP_CALL_RESPONSE_BODY => h.call_body.clone(),
                 PLUGIN_CONFIGURATION => h.config.clone(),
                 VM_CONFIGURATION => Bytes::new(),
@@ -608,12 +732,26 @@ pub(crate) fn link(l: &mut Linker<Host>) -> wasmtime::Result<()> {
             if typ != REQUEST_BODY && typ != RESPONSE_BODY {
                 return Ok(BAD_ARGUMENT);
             }
+            // Bytes [start, start + len) of the body become `data`, as Envoy: start 0 with a length at least the
+            // body's replaces it (or clears it, with no data), start at or past the end appends, start 0 with
+            // length 0 prepends; any other range is replaced as well.
             let h = c.data_mut();
-            let mut b = h.body.to_vec();
+            let b = &mut h.body;
             let s = (start as u32 as usize).min(b.len());
             let e = s.saturating_add(len as u32 as usize).min(b.len());
-            b.splice(s..e, data);
-            h.body = Bytes::from(b);
+            let new_len = b.len() - (e - s) + data.len();
+            if new_len > h.body_cap {
+                h.body_over = Some(new_len);
+                return Ok(BAD_ARGUMENT);
+            }
+            if s == b.len() {
+                b.extend_from_slice(&data);
+            } else {
+                let tail = b.split_off(e);
+                b.truncate(s);
+                b.extend_from_slice(&data);
+                b.extend_from_slice(&tail);
+            }
             h.body_changed = true;
             Ok(OK)
         },
@@ -747,16 +885,25 @@ pub(crate) fn link(l: &mut Linker<Host>) -> wasmtime::Result<()> {
                 return Ok(BAD_ARGUMENT);
             }
             let name = String::from_utf8_lossy(&n).into_owned();
+            let plugin = c.data().name;
             let id = {
                 let mut l = metrics().lock().unwrap_or_else(|e| e.into_inner());
-                match l.iter().position(|m| m.name == name && m.kind == kind) {
+                match l
+                    .iter()
+                    .position(|m| m.plugin == plugin && m.name == name && m.kind == kind)
+                {
                     Some(i) => i + 1,
                     None if l.len() >= 4096 => return Ok(BAD_ARGUMENT),
                     None => {
+                        let n = if kind == HISTOGRAM { BOUNDS.len() } else { 0 };
                         l.push(Box::leak(Box::new(Metric {
+                            plugin,
                             name,
                             kind,
                             value: AtomicI64::new(0),
+                            buckets: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                            count: AtomicU64::new(0),
+                            sum: AtomicU64::new(0),
                         })));
                         l.len()
                     }
@@ -785,7 +932,7 @@ pub(crate) fn link(l: &mut Linker<Host>) -> wasmtime::Result<()> {
         "proxy_record_metric",
         |_: Cx<'_>, id: i32, v: i64| match metric(id) {
             Some(m) => {
-                m.value.store(v, Ordering::Relaxed);
+                m.record(v);
                 OK
             }
             None => NOT_FOUND,

@@ -27,13 +27,15 @@ use std::time::Duration;
 
 use wasmtime::{Config, Engine, InstancePre, Linker, Module as WasmModule, OptLevel};
 
-pub use abi::metric_values;
+pub use abi::{metric_values, render_metrics};
 
 /// How often the engine's epoch advances: the resolution of the per-call time limit.
 pub const TICK: Duration = Duration::from_millis(5);
 /// Defaults for [`Spec::call_timeout`] and [`Spec::memory_limit`].
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 pub const DEFAULT_MEMORY_LIMIT: usize = 64 << 20;
+/// Default for [`Spec::max_body_size`].
+pub const DEFAULT_MAX_BODY_SIZE: usize = 4 << 20;
 
 /// One entry of config.yaml's `wasm.plugins`.
 #[derive(Debug, Clone)]
@@ -47,6 +49,9 @@ pub struct Spec {
     pub call_timeout: Duration,
     /// The most linear memory one instance may have.
     pub memory_limit: usize,
+    /// The largest body the filter may buffer or set (a response body it asked for, a request or response body
+    /// it replaces).
+    pub max_body_size: usize,
 }
 
 /// The engine every module is compiled with, and its epoch ticker.
@@ -84,6 +89,9 @@ pub(crate) struct Module {
     /// Epoch ticks one call may run.
     pub(crate) ticks: u64,
     pub(crate) memory_limit: usize,
+    pub(crate) max_body_size: usize,
+    /// The module exports `proxy_on_response_body`.
+    pub(crate) response_body: bool,
     /// Instances created so far (all workers, all routes).
     pub(crate) created: AtomicU64,
 }
@@ -165,6 +173,10 @@ fn compile(s: &Spec) -> Result<Module, String> {
         pre,
         ticks,
         memory_limit: s.memory_limit,
+        max_body_size: s.max_body_size,
+        response_body: module
+            .exports()
+            .any(|e| e.name() == "proxy_on_response_body"),
         created: AtomicU64::new(0),
     };
     // One instance now, so a module that cannot start fails the startup rather than its first request.

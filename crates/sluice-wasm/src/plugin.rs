@@ -6,9 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
-use sluice_plugins::{CompileEnv, Ctx, Flow, LogInfo, Phase, PhaseMask, Plugin, Response, Resume};
+use sluice_plugins::{
+    BodyChunk, CompileEnv, Ctx, Flow, LogInfo, Phase, PhaseMask, Plugin, Response, Resume,
+};
 use wasmtime::{Store, StoreLimitsBuilder, TypedFunc};
 
 use crate::abi::Host;
@@ -31,6 +33,7 @@ struct Fns {
     on_request_headers: Option<F3>,
     on_request_body: Option<F3>,
     on_response_headers: Option<F3>,
+    on_response_body: Option<F3>,
     on_http_call_response: Option<F5>,
     on_done: Option<F1>,
     on_log: Option<TypedFunc<i32, ()>>,
@@ -69,6 +72,7 @@ impl Vm {
             .ok();
         store.data_mut().memory = memory;
         store.data_mut().malloc = malloc;
+        store.data_mut().body_cap = m.max_body_size;
         // A reactor's initialiser, else a command's entry point (TinyGo and Go modules have one of them).
         if let Ok(init) = inst.get_typed_func::<(), ()>(&mut store, "_initialize") {
             init.call(&mut store, ()).map_err(err)?;
@@ -88,6 +92,7 @@ impl Vm {
             on_request_headers: opt!("proxy_on_request_headers"),
             on_request_body: opt!("proxy_on_request_body"),
             on_response_headers: opt!("proxy_on_response_headers"),
+            on_response_body: opt!("proxy_on_response_body"),
             on_http_call_response: opt!("proxy_on_http_call_response"),
             on_done: opt!("proxy_on_done"),
             on_log: opt!("proxy_on_log"),
@@ -189,6 +194,21 @@ pub(crate) struct Lease {
     plugin: Arc<Compiled>,
     id: i32,
     done: bool,
+    /// What happens to this response's body.
+    resp: RespBody,
+    /// Response body the filter let through (`Continue`) while the head is held: sent at the end of the body.
+    released: BytesMut,
+}
+
+/// What a wasm filter does with the response body.
+enum RespBody {
+    /// Nothing: the body streams past the filter.
+    Stream,
+    /// The filter asked for it (`wasm_process_resp_body` and `proxy_on_response_body`): it is buffered,
+    /// handed to the filter piece by piece, and sent whole at its end with the head.
+    Buffer,
+    /// A local answer from the response headers phase: this body replaces the upstream's.
+    Local(Bytes),
 }
 
 impl Lease {
@@ -209,11 +229,19 @@ impl Lease {
         h.call = None;
         h.req.clear();
         h.resp.clear();
+        // A pooled instance does not keep a large body's buffer.
+        if h.body.capacity() > 64 << 10 {
+            h.body = BytesMut::new();
+        }
+        h.body.clear();
+        h.body_over = None;
         Ok(Lease {
             vm: Some(vm),
             plugin: plugin.clone(),
             id,
             done: false,
+            resp: RespBody::Stream,
+            released: BytesMut::new(),
         })
     }
 
@@ -389,7 +417,8 @@ impl WasmPlugin {
             if h.want_req_body && h.call.is_none() {
                 if let (Some(body), Some(f)) = (ctx.body, lease.vm().f.on_request_body.clone()) {
                     let h = lease.vm().store.data_mut();
-                    h.body = Bytes::copy_from_slice(body);
+                    h.body.clear();
+                    h.body.extend_from_slice(body);
                     h.body_changed = false;
                     let n = body.len() as i32;
                     if let Err(e) = lease.vm().call(|s| f.call(s, (id, n, 1))) {
@@ -397,8 +426,16 @@ impl WasmPlugin {
                         return failed();
                     }
                     let h = lease.vm().store.data_mut();
+                    if let Some(n) = h.body_over.take() {
+                        tracing::error!(
+                            plugin = self.0.module.name,
+                            "wasm filter set a request body of {n} bytes, over max_body_size ({})",
+                            h.body_cap
+                        );
+                        return failed();
+                    }
                     if h.body_changed {
-                        ctx.replace_body(std::mem::take(&mut h.body));
+                        ctx.replace_body(h.body.split().freeze());
                     }
                     let flow = self.after_request_call(ctx, &mut lease);
                     self.put(ctx, lease);
@@ -513,6 +550,142 @@ fn resume(
     flow
 }
 
+impl WasmPlugin {
+    /// One piece of a response body the filter asked for: added to what it holds, handed to
+    /// `proxy_on_response_body`; `Continue` lets what it holds go (the next call sees only new data), any other
+    /// answer keeps buffering (Envoy's StopIterationAndBuffer). The head is held, so at the end of the body the
+    /// whole body goes out with a Content-Length, and a local answer or a failure can still replace the response.
+    fn buffer_body(&self, ctx: &mut Ctx<'_>, lease: &mut Lease, chunk: &mut BodyChunk) {
+        let name = self.0.module.name;
+        let id = lease.id;
+        let eos = chunk.eof;
+        let data = std::mem::take(&mut chunk.data);
+        let cap = self.0.module.max_body_size;
+        let held = lease.released.len() + lease.vm().store.data().body.len();
+        if held + data.len() > cap {
+            tracing::error!(
+                plugin = name,
+                "wasm filter: the response body is over max_body_size ({cap} bytes); answering 500"
+            );
+            return too_large(ctx, lease, chunk, name);
+        }
+        let Some(f) = lease.vm().f.on_response_body.clone() else {
+            lease.released.extend_from_slice(&data);
+            return;
+        };
+        let h = lease.vm().store.data_mut();
+        h.body.extend_from_slice(&data);
+        let n = h.body.len() as i32;
+        let r = lease.vm().call(|s| f.call(s, (id, n, i32::from(eos))));
+        let action = match r {
+            Ok(a) => a,
+            Err(e) => {
+                lease.poison("proxy_on_response_body", &e);
+                lease.resp = RespBody::Stream;
+                replace_response(ctx, 500, Vec::new());
+                chunk.data = Bytes::new();
+                chunk.eof = true;
+                return;
+            }
+        };
+        let Some(vm) = lease.vm.as_mut() else {
+            return;
+        };
+        let h = vm.store.data_mut();
+        if let Some(l) = h.local.take() {
+            h.resp.clear();
+            replace_response(ctx, l.status, l.headers);
+            lease.resp = RespBody::Stream;
+            lease.released.clear();
+            h.body.clear();
+            chunk.data = l.body;
+            chunk.eof = true;
+            return;
+        }
+        if let Some(n) = h.body_over.take() {
+            tracing::error!(
+                plugin = name,
+                "wasm filter set a response body of {n} bytes, over max_body_size ({cap}); answering 500"
+            );
+            return too_large(ctx, lease, chunk, name);
+        }
+        if h.resp.changed() {
+            h.resp.apply_response(&mut ctx.resp);
+        }
+        if h.body_changed {
+            h.body_changed = false;
+            ctx.resp.clear_header_as_body_modified();
+        }
+        if action == 0 || eos {
+            let pending = h.body.split();
+            if lease.released.is_empty() {
+                lease.released = pending;
+            } else {
+                lease.released.unsplit(pending);
+            }
+        }
+        if eos {
+            chunk.data = lease.released.split().freeze();
+            lease.resp = RespBody::Stream;
+        }
+    }
+}
+
+/// The response is over the filter's `max_body_size`: a 500 replaces it, and the rest of the upstream's body is
+/// not read.
+fn too_large(ctx: &mut Ctx<'_>, lease: &mut Lease, chunk: &mut BodyChunk, name: &str) {
+    lease.resp = RespBody::Stream;
+    lease.released = BytesMut::new();
+    if let Some(vm) = lease.vm.as_mut() {
+        vm.store.data_mut().body = BytesMut::new();
+    }
+    replace_response(
+        ctx,
+        500,
+        vec![(
+            Bytes::from_static(b"content-type"),
+            Bytes::from_static(b"application/json"),
+        )],
+    );
+    chunk.data = Bytes::from(format!(
+        "{{\"error_msg\":\"response body too large for wasm plugin {name}\"}}\n"
+    ));
+    chunk.eof = true;
+}
+
+/// Replaces the response the client will get: this status and these headers only (the upstream's and the earlier
+/// plugins' are dropped; framing headers are the proxy's).
+fn replace_response(ctx: &mut Ctx<'_>, status: u16, headers: Vec<(Bytes, Bytes)>) {
+    let names: Vec<String> = ctx
+        .response_headers()
+        .filter_map(|(n, _)| std::str::from_utf8(n).ok().map(str::to_owned))
+        .collect();
+    for n in &names {
+        ctx.resp.remove(n);
+    }
+    ctx.resp.status = Some(status);
+    ctx.resp.body_modified = true;
+    for (n, v) in headers {
+        if n.eq_ignore_ascii_case(b"content-length") || n.eq_ignore_ascii_case(b"transfer-encoding")
+        {
+            continue;
+        }
+        ctx.resp.add_headers.push((n, v));
+    }
+}
+
+/// Whether the response has no body to filter: a HEAD request, a status without a body, an empty body.
+fn no_response_body(ctx: &Ctx<'_>, status: u16) -> bool {
+    ctx.req.head.method_str() == "HEAD"
+        || status < 200
+        || status == 204
+        || status == 304
+        || ctx
+            .upstream_head()
+            .and_then(|h| h.header("content-length"))
+            .is_some_and(|v| v == b"0")
+}
+
 fn no_body(ctx: &Ctx<'_>) -> bool {
     let h = ctx.req.head;
     h.header("transfer-encoding").is_none() && h.header("content-length").is_none_or(|v| v == b"0")
@@ -575,7 +748,9 @@ impl Plugin for WasmPlugin {
         } else {
             Phase::Access
         };
-        PhaseMask::of(&[req, Phase::HeaderFilter, Phase::Log])
+        // BodyFilter: a filter may ask for the body, or answer locally, in its response headers phase; when it
+        // does neither the body streams past it ([`Plugin::filters_body`]).
+        PhaseMask::of(&[req, Phase::HeaderFilter, Phase::BodyFilter, Phase::Log])
     }
     fn rewrite(&self, ctx: &mut Ctx<'_>) -> Flow {
         if self.0.module.rewrite {
@@ -618,23 +793,58 @@ impl Plugin for WasmPlugin {
             h.facts.status = status;
         }
         let id = lease.id;
+        let eos = i32::from(no_response_body(ctx, status));
         let n = lease.vm().store.data().resp.len() as i32;
         if let Some(f) = lease.vm().f.on_response_headers.clone() {
-            if let Err(e) = lease.vm().call(|s| f.call(s, (id, n, 0))) {
+            if let Err(e) = lease.vm().call(|s| f.call(s, (id, n, eos))) {
                 lease.poison("proxy_on_response_headers", &e);
                 ctx.resp.status = Some(500);
                 return;
             }
         }
-        let h = lease.vm().store.data_mut();
-        if h.resp.changed() {
-            h.resp.apply_response(&mut ctx.resp);
+        let Some(vm) = lease.vm.as_mut() else {
+            return;
+        };
+        let h = vm.store.data_mut();
+        if let Some(l) = h.local.take() {
+            // As Envoy: a local answer from the response phase replaces the upstream's (status, headers, body).
+            h.resp.clear();
+            replace_response(ctx, l.status, l.headers);
+            lease.resp = RespBody::Local(l.body);
+            ctx.resp.hold_head = true;
+        } else {
+            if h.resp.changed() {
+                h.resp.apply_response(&mut ctx.resp);
+            }
+            if h.want_resp_body && self.0.module.response_body && eos == 0 {
+                lease.resp = RespBody::Buffer;
+                ctx.resp.hold_head = true;
+            }
         }
-        if h.local.take().is_some() {
-            tracing::warn!(
-                plugin = self.0.module.name,
-                "wasm filter: proxy_send_local_response in the response phase is not supported"
-            );
+        self.put(ctx, lease);
+    }
+    fn filters_body(&self, ctx: &Ctx<'_>) -> bool {
+        ctx.body_state_ref::<State>(self.key())
+            .and_then(|c| c.try_borrow().ok())
+            .is_some_and(|l| {
+                l.as_ref()
+                    .is_some_and(|l| !matches!(l.resp, RespBody::Stream))
+            })
+    }
+    fn body_filter(&self, ctx: &mut Ctx<'_>, chunk: &mut BodyChunk) {
+        let Some(mut lease) = ctx.body_state::<State>(self.key()).get_mut().take() else {
+            return;
+        };
+        match std::mem::replace(&mut lease.resp, RespBody::Stream) {
+            RespBody::Stream => {}
+            RespBody::Local(body) => {
+                chunk.data = body;
+                chunk.eof = true;
+            }
+            RespBody::Buffer => {
+                lease.resp = RespBody::Buffer;
+                self.buffer_body(ctx, &mut lease, chunk);
+            }
         }
         self.put(ctx, lease);
     }

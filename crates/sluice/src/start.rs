@@ -112,6 +112,7 @@ pub fn run(
                 .with_plugin_attr(node.plugin_attr.clone())
                 .with_proxy_cache(cache_zones.clone()),
         );
+        crate::wasm::export_metrics(&node, &plugin_state);
         // Standalone files and the first-start seed are checked with throwaway plugin state (sharing the cache
         // zones, which routes name); Admin API writes are dry-run by the applier (below), which keeps the compile
         // for the apply.

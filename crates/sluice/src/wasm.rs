@@ -33,10 +33,23 @@ pub fn install(node: &NodeConfig, conf_dir: &Path) -> Result<(), String> {
             memory_limit: p
                 .memory_limit
                 .map_or(sluice_wasm::DEFAULT_MEMORY_LIMIT, |m| m as usize),
+            max_body_size: p
+                .max_body_size
+                .map_or(sluice_wasm::DEFAULT_MAX_BODY_SIZE, |m| m as usize),
         });
     }
     for m in sluice_wasm::install(&specs)? {
         tracing::info!("wasm plugin {} loaded", m.name());
     }
     Ok(())
+}
+
+/// Puts the metrics the node's wasm filters define (`proxy_define_metric`) into the prometheus exposition
+/// (`/apisix/prometheus/metrics`), as `apisix_wasm_<name>{plugin="<plugin>"}`.
+pub fn export_metrics(node: &NodeConfig, shared: &sluice_plugins::Shared) {
+    if !node.wasm.plugins.is_empty() {
+        shared
+            .metrics()
+            .add_text_source(sluice_wasm::render_metrics);
+    }
 }

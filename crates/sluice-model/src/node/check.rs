@@ -309,6 +309,7 @@ pub(crate) const KEYS: &[Key] = &[
     s("wasm.plugins[].http_request_phase", Enum(&["access", "rewrite"])),
     s("wasm.plugins[].call_timeout", Num),
     s("wasm.plugins[].memory_limit", Int(1 << 16, 4 << 30)),
+    s("wasm.plugins[].max_body_size", Int(1, 1 << 30)),
     a("xrpc"),
     a("etcd"),
     // Sluice's own section

@@ -6,7 +6,8 @@
 //!
 //! The filters: add_header (request and response headers, a per-instance request count, refuses the
 //! configuration "reject"), local (answers 403 itself), callout (an HTTP call to a real local server, then resumes
-//! or answers with what came back), trap (`unreachable`), loop (`while (true)`).
+//! or answers with what came back), trap (`unreachable`), loop (`while (true)`), body (rewrites the response body,
+//! or answers itself from the response phase), metrics (a counter, a gauge and a histogram).
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -22,13 +23,15 @@ use crate::support::{free_port, refused_addr, t, Client, Origin};
 
 const KEY: &str = "wasm-admin-key";
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
-const FILTERS: [&str; 6] = [
+const FILTERS: [&str; 8] = [
     "add_header",
     "local",
     "callout",
     "trap",
     "loop",
     "resp_header",
+    "body",
+    "metrics",
 ];
 
 fn tool_dir() -> PathBuf {
@@ -187,13 +190,21 @@ async fn until(addr: SocketAddr, path: &str, want: u16) {
 }
 
 async fn start(out: &Path, names: &[&str]) -> (Sluice, SocketAddr) {
+    start_with(&wasm_section(out, names), None).await
+}
+
+/// [`start`] with a given `wasm.plugins` section and, with `metrics`, the prometheus export server on that port.
+async fn start_with(section: &str, metrics: Option<u16>) -> (Sluice, SocketAddr) {
     let dir = TempDir::new("wasm");
     let (port, admin_port) = (free_port(), free_port());
-    std::fs::write(
-        dir.0.join("config.yaml"),
-        config(&dir, port, admin_port, &wasm_section(out, names)),
-    )
-    .expect("write config.yaml");
+    let mut conf = config(&dir, port, admin_port, section);
+    if let Some(m) = metrics {
+        conf = conf.replace(
+            "    enable_export_server: false\n",
+            &format!("    export_addr:\n      ip: 127.0.0.1\n      port: {m}\n"),
+        );
+    }
+    std::fs::write(dir.0.join("config.yaml"), conf).expect("write config.yaml");
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let admin: SocketAddr = ([127, 0, 0, 1], admin_port).into();
     (Sluice::spawn_in(dir, addr, &[admin]).await, admin)
@@ -520,4 +531,208 @@ fn a_missing_or_bad_module_fails_the_start_with_a_clear_error() {
         out.join("add_header.wasm").display()
     ));
     assert!(err.contains("\"key-auth\" is already taken"), "{err}");
+}
+
+/// The body filter with a 64 KiB `max_body_size`.
+fn body_section(out: &Path) -> String {
+    wasm_section(out, &["body"]) + "      max_body_size: 65536\n"
+}
+
+async fn get_mode(c: &mut Client, path: &str, mode: &str) -> crate::support::client::Response {
+    t(c.request("GET", path, &format!("x-mode: {mode}\r\n"), b"")).await
+}
+
+#[tokio::test]
+async fn a_filter_rewrites_response_bodies_within_its_cap() {
+    let Some(out) = filters() else { return };
+    // The origin answers `/` with its name ("hello world", with a Content-Length), `/chunked/3` with three chunks.
+    let origin = Origin::start("hello world").await;
+    let (gw, a) = start_with(&body_section(&out), None).await;
+    let (s, b) = put_route(
+        a,
+        "1",
+        "/b/*",
+        r#"{"wasm_body":{"conf":"wasm"}}"#,
+        origin.addr,
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    until(gw.addr, "/b/x", 200).await;
+    let mut c = t(Client::connect(gw.addr)).await;
+
+    // Buffered (StopIterationAndBuffer until the end), rewritten, framed by its new length; the upstream's other
+    // headers stay and a header the filter set in the body phase is there (the head waited for the body).
+    let want = "wasm world[wasm saw 11 bytes]\n";
+    let r = get_mode(&mut c, "/b/x", "buffer").await;
+    assert_eq!((r.status, r.text().as_str()), (200, want));
+    assert!(!r.chunked);
+    assert_eq!(
+        r.header("content-length"),
+        Some(want.len().to_string().as_str())
+    );
+    assert_eq!(r.header("x-wasm-body"), Some("rewritten"));
+    assert_eq!(r.header("x-origin"), Some("hello world"));
+    // A chunked upstream body: the same, with a Content-Length.
+    let r = get_mode(&mut c, "/b/chunked/3", "buffer").await;
+    let want = "chunk-0\nchunk-1\nchunk-2\n[wasm saw 24 bytes]\n";
+    assert_eq!((r.status, r.text().as_str()), (200, want));
+    assert!(!r.chunked);
+    assert_eq!(
+        r.header("content-length"),
+        Some(want.len().to_string().as_str())
+    );
+
+    // Continue on every piece: each call sees only new data, so the lengths it was handed add up to the body's.
+    let r = get_mode(&mut c, "/b/chunked/3", "stream").await;
+    let body = r.text();
+    assert!(
+        body.starts_with("chunk-0\nchunk-1\nchunk-2\n[wasm streamed 24 bytes in "),
+        "{body}"
+    );
+
+    // A filter that does not ask for the body: the upstream's body and length, untouched.
+    let r = get_mode(&mut c, "/b/x", "off").await;
+    assert_eq!((r.status, r.text().as_str()), (200, "hello world"));
+    assert_eq!(r.header("content-length"), Some("11"));
+    assert_eq!(r.header("x-wasm-body"), None);
+
+    // Setting a body within the cap works; over it (64 KiB here) the answer is a 500, not a truncated body.
+    let r = t(c.request("GET", "/b/x", "x-mode: grow\r\nx-size: 1000\r\n", b"")).await;
+    assert_eq!((r.status, r.body.len()), (200, 1000));
+    let mut c2 = t(Client::connect(gw.addr)).await;
+    let r = t(c2.request("GET", "/b/x", "x-mode: grow\r\nx-size: 70000\r\n", b"")).await;
+    assert_eq!(r.status, 500);
+    assert!(
+        r.text().contains("too large for wasm plugin wasm_body"),
+        "{}",
+        r.text()
+    );
+    // An upstream body over the cap: 500 as well, and the rest of it is not read into memory.
+    let mut c3 = t(Client::connect(gw.addr)).await;
+    let r = get_mode(&mut c3, "/b/large/1000000", "buffer").await;
+    assert_eq!(r.status, 500);
+    assert!(r.text().contains("too large"), "{}", r.text());
+    // Under the cap, a large body comes through whole.
+    let r = get_mode(&mut c, "/b/large/60000", "buffer").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len(), 60000 + "[wasm saw 60000 bytes]\n".len());
+
+    // HEAD, 204 and 304: no body is invented, and the connection stays in step for the next request.
+    let r = t(c.request("HEAD", "/b/x", "x-mode: buffer\r\n", b"")).await;
+    assert_eq!((r.status, r.body.len()), (200, 0));
+    assert_eq!(r.header("x-wasm-body"), None);
+    for code in [204, 304] {
+        let r = get_mode(&mut c, &format!("/b/status/{code}"), "buffer").await;
+        assert_eq!((r.status, r.body.len()), (code, 0));
+        assert_eq!(r.header("transfer-encoding"), None, "{code}");
+        assert_eq!(r.header("x-wasm-body"), None, "{code}");
+    }
+    let r = get_mode(&mut c, "/b/x", "buffer").await;
+    assert_eq!(r.text(), "wasm world[wasm saw 11 bytes]\n");
+    drop(gw);
+}
+
+#[tokio::test]
+async fn a_local_answer_from_the_response_phase_replaces_the_upstreams() {
+    let Some(out) = filters() else { return };
+    let origin = Origin::start("hello world").await;
+    let (gw, a) = start_with(&body_section(&out), None).await;
+    let (s, b) = put_route(
+        a,
+        "1",
+        "/b/*",
+        r#"{"wasm_body":{"conf":"wasm"}}"#,
+        origin.addr,
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    until(gw.addr, "/b/x", 200).await;
+    let mut c = t(Client::connect(gw.addr)).await;
+    for mode in ["local-headers", "local-body"] {
+        for path in ["/b/x", "/b/chunked/2"] {
+            let r = get_mode(&mut c, path, mode).await;
+            assert_eq!(r.status, 418, "{mode} {path}");
+            assert_eq!(r.text(), "replaced by wasm\n", "{mode} {path}");
+            assert_eq!(r.header("x-wasm-local"), Some("response phase"), "{mode}");
+            assert_eq!(
+                r.header("x-origin"),
+                None,
+                "{mode}: the upstream's headers are gone"
+            );
+            assert_eq!(r.header("content-length"), Some("17"), "{mode} {path}");
+        }
+    }
+    // The same connection goes on with the upstream's answers.
+    let r = get_mode(&mut c, "/b/x", "off").await;
+    assert_eq!((r.status, r.text().as_str()), (200, "hello world"));
+    drop(gw);
+}
+
+#[tokio::test]
+async fn filter_metrics_are_in_the_prometheus_exposition() {
+    let Some(out) = filters() else { return };
+    let origin = Origin::start("wasm-origin").await;
+    let port = free_port();
+    let (gw, a) = start_with(&wasm_section(&out, &["metrics"]), Some(port)).await;
+    let (s, b) = put_route(
+        a,
+        "1",
+        "/m/*",
+        r#"{"wasm_metrics":{"conf":"x"}}"#,
+        origin.addr,
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    until(gw.addr, "/m/x", 200).await;
+    let mut c = t(Client::connect(gw.addr)).await;
+    for _ in 0..4 {
+        assert_eq!(t(c.get("/m/x")).await.status, 200);
+    }
+    let metrics: SocketAddr = ([127, 0, 0, 1], port).into();
+    let text = get_once(metrics, "/apisix/prometheus/metrics").await.text();
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} not in:\n{text}"))
+            .to_owned()
+    };
+    // `until` sent at least one request before the four: the counter is 5 or more.
+    let count: u64 = line("apisix_wasm_wasm_test_requests{plugin=\"wasm_metrics\"} ")
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a count");
+    assert!(count >= 5, "{text}");
+    assert!(
+        text.contains("# TYPE apisix_wasm_wasm_test_requests counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE apisix_wasm_wasm_test_last_status gauge"),
+        "{text}"
+    );
+    assert_eq!(
+        line("apisix_wasm_wasm_test_last_status{"),
+        "apisix_wasm_wasm_test_last_status{plugin=\"wasm_metrics\"} 200"
+    );
+    // The histogram: every response had an 11-byte body ("wasm-origin"), in the le="25" bucket, not in le="10".
+    assert!(
+        text.contains("# TYPE apisix_wasm_wasm_test_body_bytes histogram"),
+        "{text}"
+    );
+    assert_eq!(
+        line("apisix_wasm_wasm_test_body_bytes_bucket{plugin=\"wasm_metrics\",le=\"10\"}"),
+        "apisix_wasm_wasm_test_body_bytes_bucket{plugin=\"wasm_metrics\",le=\"10\"} 0"
+    );
+    assert_eq!(
+        line("apisix_wasm_wasm_test_body_bytes_count{"),
+        format!("apisix_wasm_wasm_test_body_bytes_count{{plugin=\"wasm_metrics\"}} {count}")
+    );
+    assert_eq!(
+        line("apisix_wasm_wasm_test_body_bytes_bucket{plugin=\"wasm_metrics\",le=\"25\"}"),
+        format!(
+            "apisix_wasm_wasm_test_body_bytes_bucket{{plugin=\"wasm_metrics\",le=\"25\"}} {count}"
+        )
+    );
+    drop(gw);
 }
