@@ -11,6 +11,7 @@ mod bench_preset;
 mod bodies;
 mod cluster_bench;
 mod connection;
+mod consul_discovery;
 mod control;
 mod dashboard;
 mod dns_discovery;
