@@ -278,7 +278,7 @@ async fn follow(cfg: Arc<ConsulConfig>, i: usize, known: Known, changed: watch::
             };
             if let Err(e) = r {
                 failures += 1;
-                if failures == 1 || failures % 30 == 0 {
+                if failures == 1 || failures.is_multiple_of(30) {
                     tracing::warn!(server, error = %e, "consul discovery: watch failed; keeping the last nodes");
                 }
                 tokio::time::sleep(backoff).await;
@@ -318,7 +318,7 @@ async fn follow(cfg: Arc<ConsulConfig>, i: usize, known: Known, changed: watch::
             }
             Err(e) => {
                 failures += 1;
-                if failures == 1 || failures % 30 == 0 {
+                if failures == 1 || failures.is_multiple_of(30) {
                     tracing::warn!(server, error = %e, "consul discovery: listing failed; keeping the last nodes");
                 }
                 tokio::time::sleep(backoff).await;
