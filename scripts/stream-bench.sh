@@ -14,12 +14,20 @@
 # Instruction counts do not move with other load on the machine; kernel work (the loopback floor) is not in them.
 #
 # Needs: a release build (cargo build --release -p sluice), haproxy, python3 (valgrind for CALLGRIND=1).
+# Both proxies run pinned to the CPU(s) PIN (taskset list; default: the last CPU; PIN=none: not pinned), the client
+# and the echo origin on the others (CLIENT_PIN; default: every CPU but PIN's).
 # Usage: scripts/stream-bench.sh [OUTDIR]   N=20000 C=4 MB=256 ROUNDS=3 BASE=19400 (ports BASE..BASE+9)
 set -euo pipefail
 OUT=${1:-/tmp/sluice-stream-bench}
 CALLGRIND=${CALLGRIND:-0}
 if [ "$CALLGRIND" = 1 ]; then N=${N:-2000}; C=${C:-2}; MB=${MB:-16}; ROUNDS=${ROUNDS:-1}; fi
 N=${N:-20000}; C=${C:-4}; MB=${MB:-256}; ROUNDS=${ROUNDS:-3}; BASE=${BASE:-19400}
+NCPU=$(nproc)
+PIN=${PIN:-$((NCPU - 1))}
+if [ "$NCPU" -gt 1 ]; then CLIENT_PIN=${CLIENT_PIN:-0-$((NCPU - 2))}; else CLIENT_PIN=${CLIENT_PIN:-none}; fi
+TS=(); CTS=()
+if [ "$PIN" != none ]; then TS=(taskset -c "$PIN"); fi
+if [ "$CLIENT_PIN" != none ]; then CTS=(taskset -c "$CLIENT_PIN"); fi
 VG=()
 if [ "$CALLGRIND" = 1 ]; then VG=(valgrind --tool=callgrind --callgrind-out-file="$OUT/cg.%p.out"); fi
 SLUICE=${SLUICE:-$(pwd)/target/release/sluice}
@@ -75,7 +83,7 @@ else:
 for t in ts: t.start()
 for t in ts: t.join()
 EOP
-python3 "$OUT/echo.py" $ECHO & pids+=($!)
+"${CTS[@]}" python3 "$OUT/echo.py" $ECHO & pids+=($!)
 
 mkdir -p "$OUT/sluice"
 cat > "$OUT/sluice/config.yaml" <<EOC
@@ -90,7 +98,7 @@ plugin_attr: {prometheus: {enable_export_server: false}}
 EOC
 printf 'stream_routes:\n  - {id: 1, upstream: {type: roundrobin, nodes: {"127.0.0.1:%s": 1}}}\n#END\n' $ECHO \
   > "$OUT/sluice/apisix.yaml"
-SLUICE_LOG=error "${VG[@]}" "$SLUICE" start -c "$OUT/sluice/config.yaml" > "$OUT/sluice/log" 2>&1 & pids+=($!); SPID=$!
+SLUICE_LOG=error "${TS[@]}" "${VG[@]}" "$SLUICE" start -c "$OUT/sluice/config.yaml" > "$OUT/sluice/log" 2>&1 & pids+=($!); SPID=$!
 
 cat > "$OUT/haproxy.cfg" <<EOC
 global
@@ -107,7 +115,7 @@ frontend f
 backend b
   server echo 127.0.0.1:$ECHO
 EOC
-"${VG[@]}" haproxy -db -f "$OUT/haproxy.cfg" > "$OUT/haproxy.log" 2>&1 & pids+=($!); HPID=$!
+"${TS[@]}" "${VG[@]}" haproxy -db -f "$OUT/haproxy.cfg" > "$OUT/haproxy.log" 2>&1 & pids+=($!); HPID=$!
 
 for p in $ECHO $SL $HA; do
   for _ in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.05; done
@@ -128,7 +136,7 @@ measure() { # name pid port mode -> prints "us per unit"
   local name=$1 pid=$2 port=$3 mode=$4 t0 t1 w0 w1
   if [ "$CALLGRIND" = 1 ]; then
     callgrind_control -z "$pid" > /dev/null 2>&1
-    if [ "$mode" = short ]; then python3 "$OUT/load.py" short "$port" "$N"; else python3 "$OUT/load.py" bulk "$port" "$C" "$MB"; fi
+    if [ "$mode" = short ]; then "${CTS[@]}" python3 "$OUT/load.py" short "$port" "$N"; else "${CTS[@]}" python3 "$OUT/load.py" bulk "$port" "$C" "$MB"; fi
     rm -f "$OUT"/cg."$pid".out.*; callgrind_control -d "$pid" > /dev/null 2>&1
     local units=$N; [ "$mode" = bulk ] && units=$((C * MB))
     awk -v ir="$(irs "$pid")" -v u="$units" -v n="$name" -v m="$mode" \
@@ -136,7 +144,7 @@ measure() { # name pid port mode -> prints "us per unit"
     return
   fi
   t0=$(ticks "$pid"); w0=$(date +%s.%N)
-  if [ "$mode" = short ]; then python3 "$OUT/load.py" short "$port" "$N"; else python3 "$OUT/load.py" bulk "$port" "$C" "$MB"; fi
+  if [ "$mode" = short ]; then "${CTS[@]}" python3 "$OUT/load.py" short "$port" "$N"; else "${CTS[@]}" python3 "$OUT/load.py" bulk "$port" "$C" "$MB"; fi
   t1=$(ticks "$pid"); w1=$(date +%s.%N)
   local units=$N; [ "$mode" = bulk ] && units=$((C * MB))
   awk -v a="$t0" -v b="$t1" -v hz="$TCK" -v u="$units" -v w0="$w0" -v w1="$w1" -v n="$name" -v m="$mode" \
@@ -144,8 +152,8 @@ measure() { # name pid port mode -> prints "us per unit"
     'BEGIN { printf "%-8s %-6s cpu %7.2f s  wall %6.2f s  %8.2f us/%s  (loadavg %s)\n", n, m, (b-a)/hz, w1-w0, (b-a)/hz*1e6/u, (m=="short"?"conn":"MiB"), l }'
 }
 # Warm-up.
-python3 "$OUT/load.py" short $SL 800; python3 "$OUT/load.py" short $HA 800
-echo "short: N=$N connections, 8 at a time; bulk: C=$C connections x MB=$MB MiB each way; 1 worker each" | tee "$OUT/runs.txt"
+"${CTS[@]}" python3 "$OUT/load.py" short $SL 800; "${CTS[@]}" python3 "$OUT/load.py" short $HA 800
+echo "short: N=$N connections, 8 at a time; bulk: C=$C connections x MB=$MB MiB each way; 1 worker each; proxies on CPU $PIN, clients on $CLIENT_PIN" | tee "$OUT/runs.txt"
 for r in $(seq "$ROUNDS"); do
   for mode in short bulk; do
     if [ $((r % 2)) = 1 ]; then order="sluice haproxy"; else order="haproxy sluice"; fi

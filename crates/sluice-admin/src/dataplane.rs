@@ -25,6 +25,10 @@ use crate::{AdminState, Reply};
 pub trait DataPlane: Send + Sync {
     /// The last `seconds` one-second samples, oldest first, each `{"t", "total", "routes", "services", "nodes"}`.
     fn stats(&self, seconds: usize) -> Vec<Value>;
+    /// Stream routes' live counters (`[{route, active, total, bytes_in, bytes_out}]`), for `/stats`.
+    fn stream_stats(&self) -> Vec<Value> {
+        Vec::new()
+    }
     /// The samples closed from now on, one per second.
     fn stats_feed(&self) -> Box<dyn StatsFeed>;
     /// What the control API's `GET /v1/healthcheck` answers.
@@ -154,7 +158,7 @@ fn stats(dp: &dyn DataPlane, req: &Req) -> Reply {
     };
     Reply::json(
         200,
-        json!({"interval": 1, "now": now_unix(), "series": dp.stats(n)}),
+        json!({"interval": 1, "now": now_unix(), "series": dp.stats(n), "stream": dp.stream_stats()}),
     )
 }
 

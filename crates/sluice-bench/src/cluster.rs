@@ -187,6 +187,15 @@ pub fn run(ctx: &Ctx, s: &Scenario, mock: &Mock, progress: &mut Progress) -> Sce
                 }
                 nodes[i][pi].rounds.push(run.clone());
             }
+            if !writes {
+                notes.push(format!(
+                    "round {} {pname}: the cluster's CPUs ({}) were {} busy",
+                    round + 1,
+                    ctx.pin_gateway.as_deref().unwrap_or("not pinned"),
+                    r.pinned_busy
+                        .map_or("-".into(), |b| format!("{:.0}%", b * 100.0)),
+                ));
+            }
             if writes {
                 let ok = r.writes_ok.max(1) as f64;
                 for (i, run) in r.nodes.iter().enumerate() {
@@ -231,6 +240,19 @@ pub fn run(ctx: &Ctx, s: &Scenario, mock: &Mock, progress: &mut Progress) -> Sce
                     })
                     .collect();
                 let all = Latency::from_histogram(&r.all_nodes);
+                let ans = Latency::from_histogram(&r.answered);
+                notes.push(format!(
+                    "round {} {pname}: the control plane answered the PUTs in p50 {:.1} ms, p99 {:.1} ms ({} writer threads: \
+                     at most {:.0} writes/s at that p50); the cluster's CPUs ({}) were {} busy",
+                    round + 1,
+                    ans.p50 / 1e3,
+                    ans.p99 / 1e3,
+                    WRITERS,
+                    WRITERS as f64 * 1e6 / ans.p50.max(1.0),
+                    ctx.pin_gateway.as_deref().unwrap_or("not pinned"),
+                    r.pinned_busy
+                        .map_or("-".into(), |b| format!("{:.0}%", b * 100.0)),
+                ));
                 notes.push(format!(
                     "round {} {pname}: {} writes answered ({:.1}/s over the phase), {} refused or failed, {} not served by every node \
                      within {} s; PUT sent to served by all {} nodes: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({})",
@@ -540,6 +562,42 @@ struct Phase {
     compaction: Option<String>,
     secs: f64,
     next_seq: u64,
+    /// Per write, the time from the PUT being sent to the control plane's answer (µs).
+    answered: Histogram<u64>,
+    /// How busy the CPUs the cluster is pinned to were over the phase (0..1 of their capacity).
+    pinned_busy: Option<f64>,
+}
+
+/// (busy, total) jiffies of the CPUs in `list` (taskset syntax: `1`, `0-1`, `0,3`), from /proc/stat.
+fn cpu_jiffies(list: &str) -> Option<(u64, u64)> {
+    let mut want = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => want.extend(a.trim().parse::<usize>().ok()?..=b.trim().parse().ok()?),
+            None => want.push(part.trim().parse::<usize>().ok()?),
+        }
+    }
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let (mut busy, mut total) = (0u64, 0u64);
+    for line in stat.lines() {
+        let mut f = line.split_whitespace();
+        let Some(n) = f
+            .next()
+            .and_then(|c| c.strip_prefix("cpu"))
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        if !want.contains(&n) {
+            continue;
+        }
+        let v: Vec<u64> = f.take(8).filter_map(|x| x.parse().ok()).collect();
+        let all: u64 = v.iter().sum();
+        // idle + iowait are the not-busy columns.
+        busy += all - v.get(3).copied().unwrap_or(0) - v.get(4).copied().unwrap_or(0);
+        total += all;
+    }
+    (total > 0).then_some((busy, total))
 }
 
 fn cpu_us(pid: u32) -> Option<u64> {
@@ -564,6 +622,8 @@ fn phase(
     let before: Vec<Option<u64>> = dp_pids.iter().map(|p| t_cpu(*p)).collect();
     let cp0 = t_cpu(c.cp.pid());
     let etcd0 = t_cpu(c.etcd.pid());
+    let pinned0 = ctx.pin_gateway.as_deref().and_then(cpu_jiffies);
+    let mut answered = new_histogram();
     let t0 = Instant::now();
     let mut per_node = vec![new_histogram(); n];
     let mut all_nodes = new_histogram();
@@ -610,6 +670,7 @@ fn phase(
                     let (next_seq, ok, failed) = (next_seq.clone(), ok.clone(), failed.clone());
                     let cp = c.cp_admin;
                     sc.spawn(move || {
+                        let mut took = Vec::new();
                         let mut next = t0 + period.mul_f64(k as f64 / WRITERS as f64);
                         while Instant::now() < end {
                             let now = Instant::now();
@@ -625,7 +686,10 @@ fn phase(
                             // Timed from the PUT being sent: a node often serves the write before the control
                             // plane's answer arrives, so timing from the answer would read 0.
                             let sent = Instant::now();
-                            match admin_request(cp, "PUT", &path, &body, Duration::from_secs(10)) {
+                            let res =
+                                admin_request(cp, "PUT", &path, &body, Duration::from_secs(10));
+                            took.push(sent.elapsed().as_micros() as u64);
+                            match res {
                                 Ok(200 | 201) => {
                                     ok.fetch_add(1, Ordering::Relaxed);
                                     for tx in &txs {
@@ -637,11 +701,14 @@ fn phase(
                                 }
                             }
                         }
+                        took
                     })
                 })
                 .collect();
             for w in writers {
-                let _ = w.join();
+                for us in w.join().unwrap_or_default() {
+                    let _ = answered.record(us.max(1));
+                }
             }
             seq = next_seq.load(Ordering::Relaxed).max(base);
             writes_ok = ok.load(Ordering::Relaxed);
@@ -724,6 +791,13 @@ fn phase(
         compaction,
         secs,
         next_seq: seq,
+        answered,
+        pinned_busy: match (pinned0, ctx.pin_gateway.as_deref().and_then(cpu_jiffies)) {
+            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+                Some((b1 - b0) as f64 / (t1 - t0) as f64)
+            }
+            _ => None,
+        },
     })
 }
 

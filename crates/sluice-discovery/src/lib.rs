@@ -4,9 +4,11 @@
 //! recompiles (unchanged upstreams keep their runtime). The data plane never depends on this crate.
 //!
 //! Registries: Zookeeper (`discovery.zookeeper` in config.yaml), Dubbo providers under
-//! `{root}/{interface}/providers` and Dubbo 3 application-level instances, see [`zookeeper`]; DNS (`discovery.dns`: SRV, A, AAAA with TTLs), see [`dns`].
+//! `{root}/{interface}/providers` and Dubbo 3 application-level instances, see [`zookeeper`]; DNS (`discovery.dns`: SRV, A, AAAA with TTLs), see [`dns`]; Consul (`discovery.consul`: blocking queries on the
+//! catalog and health indexes), see [`consul`].
 
 pub mod application;
+pub mod consul;
 pub mod dns;
 pub mod provider;
 pub mod zookeeper;
@@ -23,6 +25,7 @@ pub use zookeeper::ZkConfig;
 pub struct Registry {
     zk: Option<zookeeper::Handle>,
     dns: Option<dns::Handle>,
+    consul: Option<consul::Handle>,
 }
 
 impl Registry {
@@ -46,7 +49,14 @@ impl Registry {
             )?),
             None => None,
         };
-        Ok((Arc::new(Registry { zk, dns }), rx))
+        let consul = match discovery.and_then(|d| d.get("consul")) {
+            Some(v) => Some(consul::Handle::spawn(
+                consul::ConsulConfig::from_value(v)?,
+                tx.clone(),
+            )),
+            None => None,
+        };
+        Ok((Arc::new(Registry { zk, dns, consul }), rx))
     }
 }
 
@@ -60,6 +70,7 @@ impl Discovery for Registry {
         match discovery_type {
             "zookeeper" => Some(self.zk.as_ref()?.nodes(service_name, args)),
             "dns" => Some(self.dns.as_ref()?.nodes(service_name)),
+            "consul" => Some(self.consul.as_ref()?.nodes(service_name)),
             _ => None,
         }
     }

@@ -35,4 +35,7 @@ pub use listen::{listen_addrs, DEFAULT_TLS_PORT};
 pub use server::{Gateway, Listeners, NodeHealth, ProxyConfig, Running, UpstreamHealth};
 pub use snapshot::{Prepared, Snapshot};
 pub use stream::log::{stream_access_log, StreamFormat};
-pub use stream::{stream_listen, StreamListen};
+pub use stream::{
+    render_prometheus as render_stream_prometheus, stream_listen, StreamCounters, StreamListen,
+    StreamRouteStats,
+};

@@ -354,6 +354,12 @@ impl Gateway {
         out
     }
 
+    /// Live counters of every stream route of the serving snapshot (connections open and in all, bytes each
+    /// way), in configuration order.
+    pub fn stream_stats(&self) -> Vec<crate::StreamRouteStats> {
+        self.shared.snapshot.load().stream.stats()
+    }
+
     /// Closes one second of live counters at a time (0.3 s after each wall-clock second, once the workers have
     /// handed theirs over), keeps it in the ring and sends it to [`Gateway::stats_subscribe`]rs. Spawn it on a
     /// runtime that is not a worker's.

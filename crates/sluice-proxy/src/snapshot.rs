@@ -535,7 +535,13 @@ impl Snapshot {
             routes.push(compiled);
         }
         let splits = split::compile(&routes, res, &shared_ups, &mut runtime)?;
-        let stream = crate::stream::StreamRouter::compile(res, &shared_ups, &mut runtime, shared)?;
+        let stream = crate::stream::StreamRouter::compile(
+            res,
+            &shared_ups,
+            &mut runtime,
+            shared,
+            prev.map(|p| &p.stream),
+        )?;
         // The routes compiled afresh go through the router's checks on their own (its errors are per route).
         Router::build_refs(fresh.iter().map(|(s, _)| (&**s, 0u32))).map_err(|e| {
             let id = fresh.get(e.index).map_or("?", |(_, id)| &**id);

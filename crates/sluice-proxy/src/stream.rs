@@ -16,6 +16,7 @@
 //! TCP connection), `udp` (datagram sessions).
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -141,6 +142,90 @@ fn parse_addr(v: &Value, what: &str) -> Result<SocketAddr, String> {
     }
 }
 
+/// One stream route's live counters, shared by every worker and kept across configuration changes while the
+/// route exists (a compile takes the previous router's counters of the same id). Updated with relaxed atomics:
+/// per connection `total` and `active` (up at the route match, down at the end), per read the byte counts.
+#[derive(Debug, Default)]
+pub struct StreamCounters {
+    pub active: AtomicI64,
+    pub total: AtomicU64,
+    /// Bytes read from clients.
+    pub bytes_in: AtomicU64,
+    /// Bytes read from upstreams (sent to clients).
+    pub bytes_out: AtomicU64,
+}
+
+/// One stream route's counters, read at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRouteStats {
+    pub route: String,
+    pub active: u64,
+    pub total: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+impl StreamRouteStats {
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "route": self.route,
+            "active": self.active,
+            "total": self.total,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+        })
+    }
+}
+
+/// Prometheus text for `stats`: APISIX's `apisix_stream_connection_total{route}` and, per route,
+/// `apisix_stream_active_connections`, `apisix_stream_bandwidth{type="ingress"|"egress"}` (Sluice keys the last
+/// two by route; APISIX by listening address).
+pub fn render_prometheus(stats: &[StreamRouteStats], out: &mut String) {
+    use std::fmt::Write;
+    if stats.is_empty() {
+        return;
+    }
+    let esc = |s: &str| {
+        s.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    };
+    let _ = writeln!(out, "# HELP apisix_stream_connection_total Total number of connections handled per stream route in APISIX");
+    let _ = writeln!(out, "# TYPE apisix_stream_connection_total counter");
+    for s in stats {
+        let _ = writeln!(
+            out,
+            "apisix_stream_connection_total{{route=\"{}\"}} {}",
+            esc(&s.route),
+            s.total
+        );
+    }
+    let _ = writeln!(out, "# HELP apisix_stream_active_connections Number of stream connections currently proxied per stream route");
+    let _ = writeln!(out, "# TYPE apisix_stream_active_connections gauge");
+    for s in stats {
+        let _ = writeln!(
+            out,
+            "apisix_stream_active_connections{{route=\"{}\"}} {}",
+            esc(&s.route),
+            s.active
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP apisix_stream_bandwidth Total bandwidth in bytes proxied per stream route"
+    );
+    let _ = writeln!(out, "# TYPE apisix_stream_bandwidth counter");
+    for s in stats {
+        for (t, v) in [("ingress", s.bytes_in), ("egress", s.bytes_out)] {
+            let _ = writeln!(
+                out,
+                "apisix_stream_bandwidth{{route=\"{}\",type=\"{t}\"}} {v}",
+                esc(&s.route)
+            );
+        }
+    }
+}
+
 /// Builds (or keeps) an upstream runtime under a key (the snapshot compiler's `runtime`).
 type RuntimeFn<'a> = dyn FnMut(String, &Arc<Upstream>) -> Result<Arc<UpstreamRt>, String> + 'a;
 
@@ -155,6 +240,7 @@ pub(crate) struct StreamRt {
     pub plugins: Option<StreamChain>,
     pub connect_timeout: Duration,
     pub idle_timeout: Duration,
+    pub counters: Arc<StreamCounters>,
 }
 
 impl StreamRt {
@@ -190,6 +276,20 @@ pub(crate) struct StreamRouter {
 impl StreamRouter {
     pub fn is_empty(&self) -> bool {
         self.routes.is_empty()
+    }
+
+    /// Every route's counters, in configuration order.
+    pub fn stats(&self) -> Vec<StreamRouteStats> {
+        self.routes
+            .iter()
+            .map(|r| StreamRouteStats {
+                route: r.id.to_string(),
+                active: r.counters.active.load(Ordering::Relaxed).max(0) as u64,
+                total: r.counters.total.load(Ordering::Relaxed),
+                bytes_in: r.counters.bytes_in.load(Ordering::Relaxed),
+                bytes_out: r.counters.bytes_out.load(Ordering::Relaxed),
+            })
+            .collect()
     }
 
     /// Whether some route has an `sni` that a connection to `local` could match (then a plain listener reads the
@@ -242,12 +342,19 @@ impl StreamRouter {
         shared_ups: &AHashMap<&str, Arc<UpstreamRt>>,
         runtime: &mut RuntimeFn<'_>,
         shared: &sluice_plugins::Shared,
+        prev: Option<&StreamRouter>,
     ) -> Result<StreamRouter, String> {
+        let prev_counters: AHashMap<&str, &Arc<StreamCounters>> = prev
+            .map(|p| p.routes.iter().map(|r| (&*r.id, &r.counters)).collect())
+            .unwrap_or_default();
         let services: AHashMap<&Id, &Service> = res.services.iter().map(|s| (&s.id, s)).collect();
         let mut out = StreamRouter::default();
         for r in &res.stream_routes {
             let ctx = |e: String| format!("stream route {}: {e}", r.id);
-            let rt = compile_route(r, &services, shared_ups, runtime, shared).map_err(ctx)?;
+            let mut rt = compile_route(r, &services, shared_ups, runtime, shared).map_err(ctx)?;
+            if let Some(c) = prev_counters.get(r.id.0.as_str()) {
+                rt.counters = Arc::clone(c);
+            }
             let idx = out.routes.len() as u32;
             match r.sni.as_deref().map(str::to_ascii_lowercase) {
                 None => out.other.push(idx),
@@ -347,6 +454,7 @@ fn compile_route(
         // nginx stream has one `proxy_timeout` between two reads or writes either way; APISIX's upstream `timeout`
         // sets `send` and `read`: the longer of the two.
         idle_timeout: t.map_or(DEFAULT_IDLE, |t| t.send.max(t.read)),
+        counters: Arc::default(),
     })
 }
 

@@ -68,6 +68,14 @@ impl DataPlane for GatewayPlane {
             .collect()
     }
 
+    fn stream_stats(&self) -> Vec<Value> {
+        self.gateway
+            .stream_stats()
+            .iter()
+            .map(|s| s.to_json())
+            .collect()
+    }
+
     fn stats_feed(&self) -> Box<dyn StatsFeed> {
         Box::new(Feed(self.gateway.stats_subscribe()))
     }

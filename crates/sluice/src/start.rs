@@ -247,6 +247,13 @@ pub fn run(
         tokio::spawn(gateway.run_health_checks());
         // Live traffic counters: one second closed at a time, for the Admin API's /stats.
         tokio::spawn(gateway.run_stats());
+        // Stream routes' live counters in the prometheus exposition (`apisix_stream_connection_total`, ...).
+        {
+            let g = gateway.clone();
+            plugin_state.metrics().add_text_source(move |out| {
+                sluice_proxy::render_stream_prometheus(&g.stream_stats(), out)
+            });
+        }
 
         let mut side = Side {
             config: config.clone(),

@@ -81,6 +81,14 @@ pub fn run(config: &Path, apisix_yaml: Option<PathBuf>) -> Result<Vec<String>, S
                 .join(" ")
         ));
     }
+    if let Some(c) = loaded.checked.doc.pointer("/discovery/consul") {
+        let c = sluice_discovery::consul::ConsulConfig::from_value(c)?;
+        out.push(format!(
+            "{}: consul discovery from {}",
+            config.display(),
+            c.servers.join(" ")
+        ));
+    }
     if provider == "etcd" {
         sluice_store::etcd::EtcdConfig::from_node_config(node)?;
     }

@@ -7,6 +7,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -88,7 +89,7 @@ pub(crate) async fn serve(
         tracing::debug!(%peer, ?sni, "stream: no route matched");
         return;
     };
-    let _ = stream.set_nodelay(true);
+    // TCP_NODELAY was set on the client socket when it was accepted (`server::accept_loop`).
     proxy(stream, &prefix, r, peer, local, &w).await;
 }
 
@@ -102,6 +103,8 @@ async fn proxy<C: AsyncRead + AsyncWrite + Unpin>(
     w: &Worker,
 ) {
     let started = Instant::now();
+    r.counters.total.fetch_add(1, Ordering::Relaxed);
+    r.counters.active.fetch_add(1, Ordering::Relaxed);
     let mut s = Session {
         peer,
         local,
@@ -112,6 +115,7 @@ async fn proxy<C: AsyncRead + AsyncWrite + Unpin>(
         upstream: None,
     };
     proxy_session(client, prefix, r, &mut s, w).await;
+    r.counters.active.fetch_sub(1, Ordering::Relaxed);
     if let (Some(log), Some((_, format))) = (&w.stream_log, &w.shared.cfg.stream_access_log) {
         s.time = started.elapsed();
         log.log_with(|out| format.render(&s, out));
@@ -168,6 +172,10 @@ async fn proxy_session<C: AsyncRead + AsyncWrite + Unpin>(
     s.status = 200;
     s.upstream = Some(up.nodes[node].addr);
     let (from_client, from_upstream) = (Cell::new(prefix.len() as u64), Cell::new(0));
+    r.counters
+        .bytes_in
+        .fetch_add(prefix.len() as u64, Ordering::Relaxed);
+    let live = (&r.counters.bytes_in, &r.counters.bytes_out);
     let res = match upstream {
         Up::Plain(mut u) => {
             let _ = u.set_nodelay(true);
@@ -177,6 +185,7 @@ async fn proxy_session<C: AsyncRead + AsyncWrite + Unpin>(
                 prefix,
                 r.idle_timeout,
                 (&from_client, &from_upstream),
+                live,
             )
             .await
         }
@@ -187,6 +196,7 @@ async fn proxy_session<C: AsyncRead + AsyncWrite + Unpin>(
                 prefix,
                 r.idle_timeout,
                 (&from_client, &from_upstream),
+                live,
             )
             .await
         }
@@ -280,6 +290,8 @@ struct Tracked<'a, S> {
     inner: &'a mut S,
     moved: &'a Cell<u64>,
     bytes: &'a Cell<u64>,
+    /// The route's live byte counter.
+    live: &'a AtomicU64,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Tracked<'_, S> {
@@ -294,6 +306,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<'_, S> {
         if n != 0 {
             self.moved.set(self.moved.get() + 1);
             self.bytes.set(self.bytes.get() + n as u64);
+            self.live.fetch_add(n as u64, Ordering::Relaxed);
         }
         r
     }
@@ -317,13 +330,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<'_, S> {
 
 /// Copies both ways until both directions ended (each end passed on as a shutdown of the other side's write
 /// half) or nothing moved either way for `idle` (checked every `idle / 8`, so it fires within `idle * 9/8`).
-/// `read` counts the bytes read from `a` and from `b`.
+/// `read` counts the bytes read from `a` and from `b` (this connection's), `live` the same for the route.
 pub(crate) async fn pipe<A, B>(
     a: &mut A,
     b: &mut B,
     prefix: &[u8],
     idle: Duration,
     read: (&Cell<u64>, &Cell<u64>),
+    live: (&AtomicU64, &AtomicU64),
 ) -> io::Result<(u64, u64)>
 where
     A: AsyncRead + AsyncWrite + Unpin,
@@ -337,11 +351,13 @@ where
         inner: a,
         moved: &moved,
         bytes: read.0,
+        live: live.0,
     };
     let mut tb = Tracked {
         inner: b,
         moved: &moved,
         bytes: read.1,
+        live: live.1,
     };
     let copy = tokio::io::copy_bidirectional_with_sizes(&mut ta, &mut tb, BUF, BUF);
     let watchdog = async {

@@ -615,3 +615,69 @@ fn limit_conn_bounds_a_flood_and_ip_restriction_refuses() {
 }
 mod access_log;
 mod proxy_protocol;
+
+/// Waits (bounded) until route `id`'s counters satisfy `pred`, returning them.
+fn stats_until(
+    gw: &Gw,
+    id: &str,
+    pred: impl Fn(&sluice_proxy::StreamRouteStats) -> bool,
+) -> sluice_proxy::StreamRouteStats {
+    let end = Instant::now() + IO;
+    loop {
+        let s = gw.gw.stream_stats();
+        let r = s.iter().find(|s| s.route == id).cloned();
+        if let Some(r) = r.filter(|r| pred(r)) {
+            return r;
+        }
+        assert!(Instant::now() < end, "route {id}: counters still {s:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn live_counters_per_stream_route_survive_a_reload() {
+    let echo = origin(Mode::Echo);
+    let mut gw = Gw::start(json!({"stream_routes": [
+        {"id": "e", "upstream": up(&[echo.addr])}
+    ]}));
+    // One connection held open: active 1, and the bytes count while it is open.
+    let mut held = TcpStream::connect(gw.tcp).unwrap();
+    held.set_read_timeout(Some(IO)).unwrap();
+    held.write_all(b"0123456789").unwrap();
+    let mut b = [0u8; 10];
+    held.read_exact(&mut b).unwrap();
+    let s = stats_until(&gw, "e", |s| s.bytes_out == 10);
+    assert_eq!((s.active, s.total, s.bytes_in, s.bytes_out), (1, 1, 10, 10));
+    // A reload keeps the route's counters (and the open connection's, which ends on the same ones).
+    gw.publish(json!({"stream_routes": [
+        {"id": "e", "upstream": up(&[echo.addr])},
+        {"id": "other", "server_port": 1, "upstream": up(&[echo.addr])}
+    ]}));
+    // A second connection, closed; then the held one.
+    let mut c = TcpStream::connect(gw.tcp).unwrap();
+    c.set_read_timeout(Some(IO)).unwrap();
+    c.write_all(b"abc").unwrap();
+    let mut b = [0u8; 3];
+    c.read_exact(&mut b).unwrap();
+    drop(c);
+    drop(held);
+    let s = stats_until(&gw, "e", |s| s.active == 0 && s.total == 2);
+    assert_eq!((s.bytes_in, s.bytes_out), (13, 13));
+    let o = stats_until(&gw, "other", |_| true);
+    assert_eq!((o.active, o.total, o.bytes_in), (0, 0, 0));
+    // The exposition APISIX's prometheus plugin names.
+    let mut text = String::new();
+    sluice_proxy::render_stream_prometheus(&gw.gw.stream_stats(), &mut text);
+    for line in [
+        "apisix_stream_connection_total{route=\"e\"} 2",
+        "apisix_stream_active_connections{route=\"e\"} 0",
+        "apisix_stream_bandwidth{route=\"e\",type=\"ingress\"} 13",
+        "apisix_stream_bandwidth{route=\"e\",type=\"egress\"} 13",
+        "apisix_stream_connection_total{route=\"other\"} 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} missing from:\n{text}"
+        );
+    }
+}

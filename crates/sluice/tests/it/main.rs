@@ -12,6 +12,7 @@ mod bodies;
 mod bulk;
 mod cluster_bench;
 mod connection;
+mod consul_discovery;
 mod control;
 mod dashboard;
 mod dns_discovery;
