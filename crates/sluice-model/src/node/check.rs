@@ -286,11 +286,13 @@ pub(crate) const KEYS: &[Key] = &[
     a("plugin_attr.prometheus.refresh_interval"),
     a("plugin_attr.prometheus.metrics"),
     s("discovery", Map),
-    // Other registries (consul, eureka, nacos, kubernetes, ...) are APISIX's; Sluice reads Zookeeper's and DNS.
+    // Other registries (eureka, nacos, kubernetes, ...) are APISIX's; Sluice reads Consul's, Zookeeper's and DNS.
     a("discovery.*"),
     s("discovery.dns", Map),
     s("discovery.dns.servers", StrList),
     s("discovery.dns.order", StrList),
+    // Checked key by key where it is read (sluice-discovery's consul.rs), with messages naming the key.
+    s("discovery.consul", Any),
     s("discovery.zookeeper", Map),
     s("discovery.zookeeper.hosts", StrOrList),
     s("discovery.zookeeper.connect_string", Str),
