@@ -508,11 +508,12 @@ impl Chain {
 
     /// Whether a body_filter plugin of this chain wants this response's body (see [`Plugin::filters_body`]).
     pub fn filters_body(&self, ctx: &Ctx<'_>) -> bool {
+        // A logger's capture (`include_resp_body`) needs the body whatever the plugins answer.
         self.mask.has(Phase::BodyFilter)
-            && self
-                .slots
-                .iter()
-                .any(|s| s.plugin.phases().has(Phase::BodyFilter) && s.plugin.filters_body(ctx))
+            && (self.capture.is_some()
+                || self.slots.iter().any(|s| {
+                    s.plugin.phases().has(Phase::BodyFilter) && s.plugin.filters_body(ctx)
+                }))
     }
 
     /// Runs body_filter over one piece of the response body (see [`crate::filters::body_filters`]).
