@@ -8,16 +8,15 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
+use crate::support::origin::{body_of, named_origin};
 use crate::support::process::{Sluice, TempDir};
-use crate::support::{free_port, skip_unless_ci, Client};
+use crate::support::{free_port, skip_unless_ci};
 
 fn tools() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../sluice-discovery/tools/consul-agent")
@@ -153,49 +152,13 @@ impl Consul {
     }
 }
 
-/// An origin on `ip:port` answering its `name` to every request.
-async fn origin(ip: IpAddr, port: u16, name: &'static str) -> tokio::task::JoinHandle<()> {
-    let l = tokio::net::TcpListener::bind(SocketAddr::new(ip, port))
-        .await
-        .expect("bind origin");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut have = Vec::new();
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 {
-                        return;
-                    }
-                    have.extend_from_slice(&buf[..n]);
-                    while let Some(end) = have.windows(4).position(|w| w == b"\r\n\r\n") {
-                        have.drain(..end + 4);
-                        let r = format!(
-                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{name}",
-                            name.len()
-                        );
-                        if s.write_all(r.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    })
-}
-
-async fn body(gw: SocketAddr, path: &str) -> (u16, String) {
-    let r = Client::connect(gw).await.get(path).await;
-    (r.status, r.text())
-}
-
 /// Waits (bounded) until the bodies of 6 requests to `/w` are exactly the set `want`.
 async fn until(gw: SocketAddr, want: &[&str]) {
     let end = Instant::now() + Duration::from_secs(30);
     loop {
         let mut got = Vec::new();
         for _ in 0..6 {
-            let (s, b) = body(gw, "/w").await;
+            let (s, b) = body_of(gw, "/w").await;
             got.push(if s == 200 { b } else { s.to_string() });
         }
         got.sort();
@@ -218,8 +181,8 @@ async fn upstreams_follow_consul_services() {
         let dir = TempDir::new("consul");
         let consul = Consul::start(&bin, &dir.0);
         let (p1, p2) = (free_port(), free_port());
-        let _a = origin("127.0.0.1".parse().unwrap(), p1, "A").await;
-        let _b = origin("127.0.0.1".parse().unwrap(), p2, "B").await;
+        let _a = named_origin("127.0.0.1".parse().unwrap(), p1, "A").await;
+        let _b = named_origin("127.0.0.1".parse().unwrap(), p2, "B").await;
         consul.register("web-a", p1);
 
         let port = free_port();
@@ -246,7 +209,7 @@ async fn upstreams_follow_consul_services() {
 
         until(gw, &["A"]).await;
         // A service no server lists (and no default_service): 503.
-        assert_eq!(body(gw, "/n").await.0, 503);
+        assert_eq!(body_of(gw, "/n").await.0, 503);
         // A second instance registers: both serve; the first leaves: only the second.
         consul.register("web-b", p2);
         until(gw, &["A", "B"]).await;
@@ -257,7 +220,7 @@ async fn upstreams_follow_consul_services() {
         drop(consul);
         let end = Instant::now() + Duration::from_secs(3);
         while Instant::now() < end {
-            assert_eq!(body(gw, "/w").await, (200, "B".to_owned()));
+            assert_eq!(body_of(gw, "/w").await, (200, "B".to_owned()));
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         // A gateway that starts while Consul is away serves the nodes of the dump file.

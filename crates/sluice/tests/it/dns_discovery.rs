@@ -4,15 +4,14 @@
 //! their own port, and a record change followed within its TTL. Skipped with a message when dnsmasq is missing (a
 //! failure under CI=true).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
+use crate::support::origin::{body_of, named_origin};
 use crate::support::process::{Sluice, TempDir};
-use crate::support::{free_port, skip_unless_ci, Client};
+use crate::support::{free_port, skip_unless_ci};
 
 const DNSMASQ: &str = "/usr/sbin/dnsmasq";
 
@@ -27,45 +26,6 @@ impl Drop for Dns {
     }
 }
 
-/// An origin on `ip:port` answering its `name` to every request.
-async fn origin(ip: IpAddr, port: u16, name: &'static str) -> tokio::task::JoinHandle<()> {
-    let l = tokio::net::TcpListener::bind(SocketAddr::new(ip, port))
-        .await
-        .expect("bind origin");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut have = Vec::new();
-                loop {
-                    let Ok(n) = s.read(&mut buf).await else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    have.extend_from_slice(&buf[..n]);
-                    while let Some(end) = have.windows(4).position(|w| w == b"\r\n\r\n") {
-                        have.drain(..end + 4);
-                        let r = format!(
-                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{name}",
-                            name.len()
-                        );
-                        if s.write_all(r.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    })
-}
-
-async fn body(gw: SocketAddr, path: &str) -> (u16, String) {
-    let r = Client::connect(gw).await.get(path).await;
-    (r.status, r.text())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstreams_follow_dns_records() {
     if !Path::new(DNSMASQ).exists() {
@@ -75,9 +35,9 @@ async fn upstreams_follow_dns_records() {
     let overall = tokio::time::timeout(Duration::from_secs(90), async {
         let dir = TempDir::new("dns");
         let (p1, p2) = (free_port(), free_port());
-        let _a = origin("127.0.0.1".parse().unwrap(), p1, "A").await;
-        let _b = origin("127.0.0.2".parse().unwrap(), p1, "B").await;
-        let _c = origin("127.0.0.1".parse().unwrap(), p2, "C").await;
+        let _a = named_origin("127.0.0.1".parse().unwrap(), p1, "A").await;
+        let _b = named_origin("127.0.0.2".parse().unwrap(), p1, "B").await;
+        let _c = named_origin("127.0.0.1".parse().unwrap(), p2, "C").await;
         let hosts = dir.0.join("hosts");
         std::fs::write(
             &hosts,
@@ -134,7 +94,7 @@ async fn upstreams_follow_dns_records() {
         let until = |path: &'static str, want: &'static str| async move {
             let end = Instant::now() + Duration::from_secs(20);
             loop {
-                let got = body(gw, path).await;
+                let got = body_of(gw, path).await;
                 if got == (200, want.to_owned()) {
                     return;
                 }
@@ -161,7 +121,7 @@ async fn upstreams_follow_dns_records() {
         until("/a", "B").await;
         // Only B now, every time.
         for _ in 0..10 {
-            assert_eq!(body(gw, "/a").await, (200, "B".to_owned()));
+            assert_eq!(body_of(gw, "/a").await, (200, "B".to_owned()));
         }
     });
     overall.await.expect("bounded");

@@ -3,7 +3,7 @@
 //! raw header lines in order, decoded body) and counts accepted TCP connections. It deliberately implements only
 //! what the tests need: no pipelining guarantees beyond sequential requests, no HTTP/1.0 specifics.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,6 +11,8 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use super::Client;
 
 /// A request as the origin received it.
 #[derive(Debug, Clone)]
@@ -446,4 +448,48 @@ async fn respond(s: &mut TcpStream, rec: &Recorded, st: &State) -> bool {
             .await
             .is_ok(),
     }
+}
+
+/// An origin bound to `ip:port` (discovery tests publish that exact address) answering its `name` to every request.
+pub async fn named_origin(
+    ip: IpAddr,
+    port: u16,
+    name: &'static str,
+) -> tokio::task::JoinHandle<()> {
+    let l = tokio::net::TcpListener::bind(SocketAddr::new(ip, port))
+        .await
+        .expect("bind origin");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut have = Vec::new();
+                loop {
+                    let Ok(n) = s.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    have.extend_from_slice(&buf[..n]);
+                    while let Some(end) = have.windows(4).position(|w| w == b"\r\n\r\n") {
+                        have.drain(..end + 4);
+                        let r = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{name}",
+                            name.len()
+                        );
+                        if s.write_all(r.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    })
+}
+
+/// Status and body of a GET on a new connection.
+pub async fn body_of(gw: SocketAddr, path: &str) -> (u16, String) {
+    let r = Client::connect(gw).await.get(path).await;
+    (r.status, r.text())
 }
