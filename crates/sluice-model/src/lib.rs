@@ -30,9 +30,10 @@ pub use resource::*;
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct Resources {
-    /// Shared by `Arc`: a configuration derived from another one (one route changed) copies pointers, not routes,
-    /// and the compiler recognises an unchanged route by pointer (issue 16: route scale).
-    pub routes: Vec<std::sync::Arc<Route>>,
+    /// A persistent vector of `Arc`s: a configuration derived from another one (one route changed) clones it in
+    /// O(1) and shares every unchanged route, and the compiler finds the changed routes by pointer without reading
+    /// the others (issue 16: route scale). In id order, as the stores list them.
+    pub routes: imbl::Vector<std::sync::Arc<Route>>,
     pub services: Vec<Service>,
     pub upstreams: Vec<Upstream>,
     pub consumers: Vec<Consumer>,

@@ -663,7 +663,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             return self.refuse(head, &e).await;
         }
         self.params.clear();
-        let Some(&idx) = snap.router.find(&view, &mut self.params) else {
+        let Some(served) = snap
+            .router
+            .find(&view, &mut self.params)
+            .and_then(|&slot| snap.served(slot))
+        else {
             if let Some(global) = snap.global.as_deref() {
                 return self.unmatched(head, &view, global).await;
             }
@@ -671,7 +675,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 .refuse(head, &Error::downstream(Kind::NoRoute, "no route"))
                 .await;
         };
-        let route = &snap.routes[idx as usize];
+        let route = &served.route;
         rec.matched = Some(route);
         if let Some(status) = route.dangling {
             // Its service or plugin config is gone: APISIX answers before any plugin, global rules included.
@@ -709,7 +713,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let mut pctx = None;
         if chains.iter().any(Option::is_some) {
             let ctx = pctx.insert(Ctx::new(&view, &route.id));
-            ctx.route = Some(&snap.route_meta[idx as usize]);
+            ctx.route = Some(&served.meta);
             ctx.started = Some(req_start);
             if !self.params.is_empty() {
                 ctx.set_params(self.params.clone());
@@ -742,7 +746,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             if let Some(call) = ctx.take_upstream_call() {
                 let route = ctx
                     .picked_upstream()
-                    .and_then(|i| snap.splits.get(idx, i))
+                    .and_then(|i| served.splits.get(i))
                     .unwrap_or(route);
                 let consumer = ctx.consumer.clone();
                 let key = hash_key(
@@ -772,7 +776,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     self.mirror(m, head).await;
                 }
                 ctx.picked_upstream()
-                    .and_then(|i| snap.splits.get(idx, i))
+                    .and_then(|i| served.splits.get(i))
                     .unwrap_or(route)
             }
         };

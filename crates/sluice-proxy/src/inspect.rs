@@ -132,11 +132,15 @@ impl Snapshot {
             .map_err(|e| InspectError::BadRequest(format!("bad request: {e}")))?
             .with_peer_text(&client_ip);
         let mut params = Params::new();
-        let Some(&idx) = self.router.find(&view, &mut params) else {
+        let Some(served) = self
+            .router
+            .find(&view, &mut params)
+            .and_then(|&slot| self.served(slot))
+        else {
             return Ok(None);
         };
-        let route = &self.routes[idx as usize];
-        let plugins = self.chain_of(idx as usize, q.consumer)?;
+        let route = &served.route;
+        let plugins = self.chain_of(route, q.consumer)?;
         let up = &route.upstream;
         let key = crate::conn::hash_key(up, &view, q.consumer);
         let node = up
@@ -157,8 +161,8 @@ impl Snapshot {
         id: &str,
         consumer: Option<&str>,
     ) -> Result<Option<Vec<ChainEntry>>, InspectError> {
-        match self.routes.iter().position(|r| &*r.id == id) {
-            Some(idx) => self.chain_of(idx, consumer).map(Some),
+        match self.served_by_id(id) {
+            Some(s) => self.chain_of(&s.route, consumer).map(Some),
             None => Ok(None),
         }
     }
@@ -167,10 +171,9 @@ impl Snapshot {
     /// consumer's plugins join the chain whose auth plugin identified it (the global rules' when they hold one).
     fn chain_of(
         &self,
-        idx: usize,
+        route: &crate::snapshot::CompiledRoute,
         consumer: Option<&str>,
     ) -> Result<Vec<ChainEntry>, InspectError> {
-        let route = &self.routes[idx];
         let env = self.env();
         let consumer_rt = match consumer {
             None => None,

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ahash::AHashMap;
-use sluice_model::{merge_route_service, Discovery, Id, Resources, Timeout, Upstream};
+use sluice_model::{
+    merge_route_service, Discovery, PluginConfig, Resources, Route, Service, Timeout, Upstream,
+};
 use sluice_plugins::{Chain, CompileEnv, Shared};
 use sluice_router::{RouteSpec, Router, Var};
 use sluice_upstream::{Balancer, LbKind, NodeSpec};
@@ -22,35 +24,12 @@ use crate::tls_server::SniTable;
 #[cfg(test)]
 mod discovery_tests;
 mod reuse;
+use reuse::same_ptr;
 mod split;
+mod table;
 
-/// One published configuration. Immutable; replaced whole.
-pub struct Snapshot {
-    pub revision: u64,
-    /// Shared with the successor when no route's matching changed (same specs in the same order).
-    pub(crate) router: Arc<Router<u32>>,
-    /// The specs `router` was built from, by route index (compared by pointer by the next compile).
-    router_specs: Vec<Arc<RouteSpec<()>>>,
-    pub(crate) routes: Vec<CompiledRoute>,
-    /// What plugins learn about each route (service id, names, matched patterns), by route index.
-    pub(crate) route_meta: Vec<Arc<sluice_plugins::RouteMeta>>,
-    /// Plugins of all global rules, run before every route's own (APISIX `global_rules`).
-    pub(crate) global: Option<Arc<Chain>>,
-    /// Upstream runtimes by `u:<id>` (shared upstreams) or `s:...` (traffic-split and stream routes' inline
-    /// ones), for the next compile. Routes' inline upstreams (`r:<route id>`) are reached through `routes`.
-    upstreams: AHashMap<Box<str>, Arc<UpstreamRt>>,
-    /// Certificates by SNI for TLS listeners (`ssls`).
-    pub(crate) tls: SniTable,
-    /// Compiled routes with their inputs, so the next compile recompiles only what changed.
-    reuse: reuse::Reuse,
-    /// Upstreams plugins pick per request (traffic-split), by route index.
-    pub(crate) splits: split::Splits,
-    /// The consumers as this compile's auth plugins see them (`None`: no auth plugin compiled them).
-    pub(crate) consumers: Option<Arc<sluice_plugins::consumers::Consumers>>,
-    /// `stream_routes`, compiled (`crate::stream`).
-    pub(crate) stream: crate::stream::StreamRouter,
-}
-
+/// A route as a request uses it (a traffic-split target is a copy with another upstream).
+#[derive(Clone)]
 pub(crate) struct CompiledRoute {
     pub id: Arc<str>,
     /// The route's service id, for the live counters (`sluice-stats`).
@@ -199,29 +178,138 @@ impl UpstreamRt {
     }
 }
 
+/// Everything compiled for one route: what a request needs (`route`, `meta`, `splits`) and the inputs it was
+/// compiled from, so that the next compile keeps it when they did not change. Shared by `Arc` between successive
+/// snapshots; the router's value is its `slot`.
+pub(crate) struct Served {
+    pub route: CompiledRoute,
+    /// What plugins learn about the route (service id, names, matched patterns).
+    pub meta: sluice_plugins::RouteMeta,
+    /// Upstreams plugins pick per request instead of the route's (traffic-split), by the plugin's index.
+    pub splits: Box<[CompiledRoute]>,
+    spec: Arc<RouteSpec<()>>,
+    /// The router's tie-break among candidates of equal priority: increasing with the route's position in the
+    /// configuration, with gaps, so a route added between two others takes an order between theirs.
+    order: u32,
+    slot: u32,
+    input: Arc<Route>,
+    service: Option<Arc<Service>>,
+    plugin_config: Option<Arc<PluginConfig>>,
+    /// The shared upstream it points at (`None`: its own, listed as `r:<id>`, or none).
+    upstream_id: Option<String>,
+}
+
+impl Served {
+    /// A copy with other traffic-split targets (same slot and order: the router is unaffected).
+    fn with_splits(&self, splits: Box<[CompiledRoute]>) -> Served {
+        Served {
+            route: self.route.clone(),
+            meta: self.meta.clone(),
+            splits,
+            spec: self.spec.clone(),
+            order: self.order,
+            slot: self.slot,
+            input: self.input.clone(),
+            service: self.service.clone(),
+            plugin_config: self.plugin_config.clone(),
+            upstream_id: self.upstream_id.clone(),
+        }
+    }
+
+    fn placed(mut self, order: u32, slot: u32) -> Served {
+        self.order = order;
+        self.slot = slot;
+        self
+    }
+}
+
+/// One published configuration. Immutable; replaced whole. Its per-route parts are persistent structures shared
+/// with its predecessor and successor, so a write touching a few routes costs O(those routes), whatever the
+/// route count (issue 16).
+pub struct Snapshot {
+    pub revision: u64,
+    /// Values are slots of `slots`.
+    pub(crate) router: Arc<Router<u32>>,
+    /// The enabled routes by slot: what a request reaches from the router.
+    pub(crate) slots: table::Slots<Arc<Served>>,
+    /// The configuration's routes this was compiled from, and by the same position each one's compile (`None`:
+    /// disabled). The next compile finds the routes that changed by comparing pointers with `inputs`.
+    inputs: imbl::Vector<Arc<Route>>,
+    table: imbl::Vector<Option<Arc<Served>>>,
+    /// Everything else this was compiled from (routes left empty), to tell that only routes changed.
+    rest: Arc<Resources>,
+    /// Plugins of all global rules, run before every route's own (APISIX `global_rules`).
+    pub(crate) global: Option<Arc<Chain>>,
+    /// Upstream runtimes by `u:<id>` (shared upstreams) or `s:...` (traffic-split and stream routes' inline
+    /// ones), for the next compile. Routes' inline upstreams (`r:<route id>`) are reached through `slots`.
+    upstreams: AHashMap<Box<str>, Arc<UpstreamRt>>,
+    /// Routes' inline upstream runtimes that have active health checks (the checker's list).
+    inline_checked: Arc<[Arc<UpstreamRt>]>,
+    /// Certificates by SNI for TLS listeners (`ssls`).
+    pub(crate) tls: Arc<SniTable>,
+    /// Services, plugin configs and the environment chains were compiled against.
+    reuse: reuse::Reuse,
+    /// The consumers as this compile's auth plugins see them (`None`: no auth plugin compiled them).
+    pub(crate) consumers: Option<Arc<sluice_plugins::consumers::Consumers>>,
+    /// `stream_routes`, compiled (`crate::stream`).
+    pub(crate) stream: Arc<crate::stream::StreamRouter>,
+    /// Whether some route's upstream comes from discovery (such routes compile again on every full compile).
+    discovered: bool,
+}
+
+/// Compiles (or keeps across reloads) an upstream runtime under a key.
+type RuntimeFn<'r> = dyn FnMut(String, &Arc<Upstream>) -> Result<Arc<UpstreamRt>, String> + 'r;
+
+/// What compiling one route needs besides the route.
+struct RouteCx<'a, 'e> {
+    services: &'a AHashMap<String, Arc<Service>>,
+    plugin_configs: &'a AHashMap<String, Arc<PluginConfig>>,
+    shared_ups: &'a AHashMap<&'a str, Arc<UpstreamRt>>,
+    env: &'a CompileEnv<'e>,
+}
+
 impl Snapshot {
     pub fn empty() -> Self {
         Snapshot {
             revision: 0,
-            router: Arc::new(
-                Router::build(Vec::new())
-                    .unwrap_or_else(|_| unreachable!("an empty router always builds")),
-            ),
-            router_specs: Vec::new(),
-            routes: Vec::new(),
-            route_meta: Vec::new(),
+            router: Arc::new(empty_router()),
+            slots: table::Slots::default(),
+            inputs: imbl::Vector::new(),
+            table: imbl::Vector::new(),
+            rest: Arc::default(),
             global: None,
             upstreams: AHashMap::new(),
-            tls: SniTable::default(),
+            inline_checked: Arc::new([]),
+            tls: Arc::default(),
             reuse: reuse::Reuse::default(),
-            splits: split::Splits::default(),
             consumers: None,
-            stream: Default::default(),
+            stream: Arc::default(),
+            discovered: false,
         }
     }
 
     pub fn route_count(&self) -> usize {
-        self.routes.len()
+        self.slots.len()
+    }
+
+    /// The route a request reached through the router.
+    #[inline]
+    pub(crate) fn served(&self, slot: u32) -> Option<&Served> {
+        self.slots.get(slot).map(|s| &**s)
+    }
+
+    /// The enabled routes in the configuration's order.
+    #[cfg(test)]
+    pub(crate) fn routes(&self) -> impl Iterator<Item = &CompiledRoute> {
+        self.table.iter().flatten().map(|s| &s.route)
+    }
+
+    /// The enabled route `id`.
+    pub(crate) fn served_by_id(&self, id: &str) -> Option<&Served> {
+        self.slots
+            .values()
+            .map(|s| &**s)
+            .find(|s| &*s.route.id == id)
     }
 
     /// Consumers, global rules and the rest of what chains were compiled against.
@@ -229,18 +317,36 @@ impl Snapshot {
         self.reuse.env()
     }
 
-    /// Where route `id`'s plugin `name` comes from: (`route` | `plugin_config` | `service`, that resource's id).
+    /// Where route `id`'s merged plugin `name` comes from (`route` | `plugin_config` | `service`, that resource's
+    /// id), as `merge_route_service` lets them override: the route's own, else its plugin config's, else its
+    /// service's.
     pub(crate) fn plugin_source(&self, id: &str, name: &str) -> (&'static str, String) {
-        self.reuse.source_of(id, name)
+        let Some(c) = self.served_by_id(id) else {
+            return ("route", id.to_owned());
+        };
+        if c.input.plugins.contains_key(name) {
+            return ("route", id.to_owned());
+        }
+        if let Some(pc) = c
+            .plugin_config
+            .as_ref()
+            .filter(|p| p.plugins.contains_key(name))
+        {
+            return ("plugin_config", pc.id.0.clone());
+        }
+        match c.service.as_ref().filter(|s| s.plugins.contains_key(name)) {
+            Some(s) => ("service", s.id.0.clone()),
+            None => ("route", id.to_owned()),
+        }
     }
 
-    /// Every upstream runtime with its key (`u:<id>` or `r:<route id>`), for the health checker and status API.
+    /// The upstream runtimes the health checker looks at: every shared one (`u:<id>`, `s:...`) and the routes'
+    /// own ones that have active checks.
     pub(crate) fn upstream_runtimes(&self) -> impl Iterator<Item = &Arc<UpstreamRt>> {
-        self.upstreams
-            .values()
-            .chain(self.routes.iter().filter(|r| r.inline).map(|r| &r.upstream))
+        self.upstreams.values().chain(self.inline_checked.iter())
     }
 
+    /// Every upstream runtime with its key (`u:<id>` or `r:<route id>`), for the status API.
     pub(crate) fn upstream_entries(
         &self,
     ) -> impl Iterator<Item = (std::borrow::Cow<'_, str>, &Arc<UpstreamRt>)> {
@@ -248,8 +354,9 @@ impl Snapshot {
             .iter()
             .map(|(k, v)| (std::borrow::Cow::Borrowed(&**k), v))
             .chain(
-                self.routes
-                    .iter()
+                self.slots
+                    .values()
+                    .map(|s| &s.route)
                     .filter(|r| r.inline)
                     .map(|r| (std::borrow::Cow::Owned(format!("r:{}", r.id)), &r.upstream)),
             )
@@ -273,7 +380,7 @@ impl Snapshot {
     /// (balancer cursor, connection counts, health); a changed one inherits health and latency state by node
     /// address. A reload therefore neither resets passive health nor skews least_conn. A route whose inputs did
     /// not change (same route, service, plugin config, upstream runtime, consumers and plugin state: `reuse`)
-    /// keeps its compiled form, so a one-route change costs little besides `Router::build`.
+    /// keeps its compiled form, its slot and its place in the router.
     pub fn compile_next(
         res: &Resources,
         revision: u64,
@@ -283,7 +390,7 @@ impl Snapshot {
         Self::prepare_next(res, revision, shared, prev)?.finish()
     }
 
-    /// [`Snapshot::compile_next`] up to, not including, the router over every route: it validates everything
+    /// [`Snapshot::compile_next`] up to, not including, a router build over every route: it validates everything
     /// (the routes compiled afresh go through the router's checks on their own, since its errors are per route),
     /// so the Admin API's dry run gets its verdict without the one step whose cost grows with the route count;
     /// [`Prepared::finish`] builds the router when the result is published.
@@ -310,6 +417,9 @@ impl Snapshot {
     /// [`Snapshot::prepare_next`] with the nodes of upstreams that name a `discovery_type` from `discovery`:
     /// such an upstream compiles as if its nodes were written in it, so an unchanged node list keeps the runtime
     /// (health, balancer state) and a changed one inherits it by node address, as any upstream edit does.
+    ///
+    /// When only a few routes differ from `prev`'s configuration (the Admin API's single writes), only those are
+    /// compiled and placed (`Snapshot::routes_changed`): the cost does not depend on the route count.
     pub fn prepare_discovered(
         res: &Resources,
         revision: u64,
@@ -317,60 +427,281 @@ impl Snapshot {
         prev: Option<&Snapshot>,
         discovery: Option<&dyn Discovery>,
     ) -> Result<Prepared, String> {
+        if let Some(p) = prev {
+            if let Some(done) = p.routes_changed(res, revision, shared, discovery) {
+                return done.map(|snap| Prepared {
+                    plan: RouterPlan::Keep,
+                    snap,
+                });
+            }
+        }
+        Self::prepare_full(res, revision, shared, prev, discovery)
+    }
+
+    /// The successor of `self` when `res` differs from what `self` was compiled from in at most
+    /// [`FAST_MAX_CHANGES`] routes (added, changed or removed: found by comparing pointers from both ends) and
+    /// nothing else; `None` when it does not (or a changed route is one this path leaves to the full compile).
+    fn routes_changed(
+        &self,
+        res: &Resources,
+        revision: u64,
+        shared: &Shared,
+        discovery: Option<&dyn Discovery>,
+    ) -> Option<Result<Snapshot, String>> {
+        // Discovered nodes may have changed since: the full compile asks discovery again.
+        if !self.reuse.same_shared(shared)
+            || (discovery.is_some() && self.discovered)
+            || !same_rest(&self.rest, res)
+        {
+            return None;
+        }
+        let (prev_in, next_in) = (&self.inputs, &res.routes);
+        let prefix = shared_run(prev_in.leaves(), next_in.leaves(), usize::MAX, false);
+        let room = prev_in.len().min(next_in.len()) - prefix;
+        let suffix = shared_run(prev_in.leaves().rev(), next_in.leaves().rev(), room, true);
+        let (old_n, new_n) = (
+            prev_in.len() - prefix - suffix,
+            next_in.len() - prefix - suffix,
+        );
+        if old_n > FAST_MAX_CHANGES || new_n > FAST_MAX_CHANGES {
+            return None;
+        }
+        // The window's routes paired by id: (old position, new position); a pair out of order is a reorder.
+        // By index: an iterator would step over the prefix one route at a time.
+        let olds: Vec<&Arc<Route>> = (prefix..prefix + old_n).map(|i| &prev_in[i]).collect();
+        let news: Vec<&Arc<Route>> = (prefix..prefix + new_n).map(|i| &next_in[i]).collect();
+        let mut paired: Vec<Option<usize>> = vec![None; new_n];
+        let mut last = None;
+        for (j, r) in news.iter().enumerate() {
+            if let Some(i) = olds.iter().position(|o| o.id == r.id) {
+                if last.is_some_and(|l| l >= i) {
+                    return None;
+                }
+                last = Some(i);
+                paired[j] = Some(i);
+            }
+        }
+        let old_served = |i: usize| self.table.get(prefix + i).cloned().flatten();
+        // Routes this path leaves to the full compile: discovered upstreams and traffic-split targets (their
+        // runtimes live in the shared map), old or new.
+        let delicate = |r: &Route| {
+            r.upstream
+                .as_ref()
+                .is_some_and(|u| u.discovery_type.is_some())
+                || r.service_id
+                    .as_ref()
+                    .and_then(|id| self.reuse.services.get(&id.0))
+                    .and_then(|s| s.upstream.as_ref())
+                    .is_some_and(|u| u.discovery_type.is_some())
+                || r.plugins.contains_key("traffic-split")
+        };
+        if news.iter().any(|r| delicate(r))
+            || (0..old_n)
+                .any(|i| old_served(i).is_some_and(|s| !s.splits.is_empty() || delicate(&s.input)))
+        {
+            return None;
+        }
+
+        let env = self.reuse.compile_env(shared, res, self.consumers.as_ref());
+        let shared_ups: AHashMap<&str, Arc<UpstreamRt>> = self
+            .upstreams
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("u:")?, v.clone())))
+            .collect();
+        let cx = RouteCx {
+            services: &self.reuse.services,
+            plugin_configs: &self.reuse.plugin_configs,
+            shared_ups: &shared_ups,
+            env: &env,
+        };
+        let ssls: tls::SslsById = res.ssls.iter().map(|s| (s.id.0.as_str(), s)).collect();
+        let mut missing_up = None;
+        // Cloned on the first edit: a write that changes no route's matching keeps the router itself.
+        let mut edited: Option<Router<u32>> = None;
+        let mut slots = self.slots.clone();
+        let mut table = self.table.clone();
+        let mut checked: Vec<Arc<UpstreamRt>> = self.inline_checked.to_vec();
+        let uncheck = |checked: &mut Vec<Arc<UpstreamRt>>, s: &Served| {
+            if s.route.inline && s.route.upstream.active.is_some() {
+                checked.retain(|u| !Arc::ptr_eq(u, &s.route.upstream));
+            }
+        };
+        // The old window leaves the table; the new one is placed as it is compiled.
+        for i in (0..old_n).rev() {
+            table.remove(prefix + i);
+        }
+        let kept_old: Vec<bool> = {
+            let mut k = vec![false; old_n];
+            for i in paired.iter().flatten() {
+                k[*i] = true;
+            }
+            k
+        };
+        for (i, kept) in kept_old.iter().enumerate() {
+            if let (false, Some(s)) = (kept, old_served(i)) {
+                edit(&mut edited, &self.router).remove(s.order);
+                slots.clear(s.slot);
+                uncheck(&mut checked, &s);
+            }
+        }
+        let err_of = |id: &str, e: sluice_router::RouterError| format!("route {id}: {}", e.reason);
+        for (j, r) in news.iter().enumerate() {
+            let at = prefix + j;
+            let old = paired[j].and_then(old_served);
+            if let Some(o) = &old {
+                uncheck(&mut checked, o);
+            }
+            if !r.enabled() {
+                if let Some(o) = &old {
+                    edit(&mut edited, &self.router).remove(o.order);
+                    slots.clear(o.slot);
+                }
+                table.insert(at, None);
+                continue;
+            }
+            // Unchanged but for its `Arc` (a configuration decoded again): the previous compile serves on.
+            if let Some(o) = old.as_ref().filter(|o| {
+                o.route.dangling.is_none()
+                    && *o.input == ***r
+                    && same_ptr(
+                        o.service.as_ref(),
+                        r.service_id.as_ref().and_then(|id| cx.services.get(&id.0)),
+                    )
+                    && same_ptr(
+                        o.plugin_config.as_ref(),
+                        r.plugin_config_id
+                            .as_ref()
+                            .and_then(|id| cx.plugin_configs.get(&id.0)),
+                    )
+            }) {
+                if o.route.inline && o.route.upstream.active.is_some() {
+                    checked.push(o.route.upstream.clone());
+                }
+                table.insert(at, Some(o.clone()));
+                continue;
+            }
+            let mut runtime = |_key: String, u: &Arc<Upstream>| {
+                let inherit = old
+                    .as_ref()
+                    .filter(|o| o.route.inline)
+                    .map(|o| &o.route.upstream);
+                upstream_runtime(u, inherit, &ssls, None)
+            };
+            let fresh = match compile_route(r, &cx, &mut runtime, &mut missing_up, old.as_deref()) {
+                Ok(f) => f,
+                Err(e) => return Some(Err(e)),
+            };
+            let (order, slot) = match &old {
+                Some(o) => (o.order, o.slot),
+                None => {
+                    // Between the enabled routes around it (already placed before it, kept or not yet
+                    // placed after it).
+                    let below = (0..at)
+                        .rev()
+                        .take(FAST_SCAN)
+                        .find_map(|k| table.get(k).cloned().flatten())
+                        .map(|s| i64::from(s.order));
+                    let above = news[j + 1..]
+                        .iter()
+                        .zip(&paired[j + 1..])
+                        .filter(|(r, _)| r.enabled())
+                        .find_map(|(_, p)| p.and_then(old_served))
+                        .map(|s| i64::from(s.order))
+                        .or_else(|| {
+                            (prefix + old_n..self.table.len())
+                                .take(FAST_SCAN)
+                                .find_map(|k| self.table.get(k).cloned().flatten())
+                                .map(|s| i64::from(s.order))
+                        });
+                    let (lo, hi) = (
+                        below.unwrap_or(-1),
+                        above.unwrap_or(i64::from(u32::MAX) + 1),
+                    );
+                    if hi - lo < 2 {
+                        return None;
+                    }
+                    let step = (hi - lo) / 2;
+                    let order = match above {
+                        // Appended: the usual stride after the last route, so appends keep room between them.
+                        None => lo + step.min(ORDER_STRIDE),
+                        Some(_) => lo + step,
+                    };
+                    (order as u32, slots.alloc())
+                }
+            };
+            let served = Arc::new(fresh.placed(order, slot));
+            let matching_changed = old
+                .as_ref()
+                .is_none_or(|o| !Arc::ptr_eq(&o.spec, &served.spec));
+            if matching_changed {
+                if let Err(e) = edit(&mut edited, &self.router).insert(order, &*served.spec, slot) {
+                    return Some(Err(err_of(&served.route.id, e)));
+                }
+            }
+            if served.route.inline && served.route.upstream.active.is_some() {
+                checked.push(served.route.upstream.clone());
+            }
+            slots.set(slot, served.clone());
+            table.insert(at, Some(served));
+        }
+        let router = match edited {
+            Some(r) => Arc::new(r),
+            None => self.router.clone(),
+        };
+        Some(Ok(Snapshot {
+            revision,
+            router,
+            slots,
+            inputs: next_in.clone(),
+            table,
+            rest: self.rest.clone(),
+            global: self.global.clone(),
+            upstreams: self.upstreams.clone(),
+            inline_checked: checked.into(),
+            tls: self.tls.clone(),
+            reuse: self.reuse.clone(),
+            consumers: env
+                .compiled
+                .get()
+                .and_then(|c| c.as_ref().ok())
+                .cloned()
+                .or_else(|| self.consumers.clone()),
+            stream: self.stream.clone(),
+            discovered: self.discovered,
+        }))
+    }
+
+    /// Compiles every route, keeping the previous compile of each whose inputs did not change.
+    fn prepare_full(
+        res: &Resources,
+        revision: u64,
+        shared: &Shared,
+        prev: Option<&Snapshot>,
+        discovery: Option<&dyn Discovery>,
+    ) -> Result<Prepared, String> {
         let mut upstreams: AHashMap<Box<str>, Arc<UpstreamRt>> = AHashMap::new();
-        let mut cache = reuse::Builder::new(prev.map(|p| &p.reuse), res, shared);
-        let prev_lookup = reuse::Lookup::new(prev.map(|p| &p.reuse));
-        // Where the previous compile's entry of the route being compiled is expected (see `reuse::Lookup`).
-        let hint: std::cell::Cell<Option<usize>> = std::cell::Cell::new(None);
-        let prev_inline = |id: &str| prev_lookup.inline_upstream(id, hint.get());
+        let cache = reuse::Builder::new(prev.map(|p| &p.reuse), res, shared);
+        let prev_lookup = reuse::Lookup::new(prev.map(|p| (&p.inputs, &p.table)));
+        // The previous compile of the route being compiled (any of its upstream state is inherited).
+        let current_old: std::cell::RefCell<Option<Arc<Served>>> = Default::default();
         let ssls: tls::SslsById = res.ssls.iter().map(|s| (s.id.0.as_str(), s)).collect();
         let mut runtime = |key: String, u: &Arc<Upstream>| -> Result<Arc<UpstreamRt>, String> {
-            let resolved;
-            let (u, empty) = match discover(u, discovery) {
-                Discovered::Static => (u, None),
-                Discovered::Nodes(r) => {
-                    resolved = r;
-                    (&resolved, None)
-                }
-                Discovered::None(why) => (u, Some(why)),
+            // A route's inline runtime is found through the previous compile of the route, not the map.
+            let inline = key.starts_with("r:");
+            let cur = current_old.borrow();
+            let old = if inline {
+                cur.as_ref()
+                    .filter(|o| o.route.inline)
+                    .map(|o| &o.route.upstream)
+            } else {
+                prev.and_then(|p| p.upstreams.get(key.as_str()))
             };
-            // A route's inline runtime is found through the previous compile's routes, not the map.
-            let inline = key.strip_prefix("r:");
-            let old = match inline {
-                Some(id) => prev_inline(id),
-                None => prev.and_then(|p| p.upstreams.get(key.as_str())),
-            };
-            let client_ssl = match &u.tls {
-                Some(t) => tls::client_ssl(t, &ssls)?,
-                None => None,
-            };
-            let rt = match old {
-                Some(o)
-                    if (Arc::ptr_eq(&o.source, u) || *o.source == **u)
-                        && o.client_ssl.as_deref() == client_ssl
-                        && o.missing.as_ref().map(|m| &*m.1) == empty.as_deref() =>
-                {
-                    o.clone()
-                }
-                _ if empty.is_some() => {
-                    Arc::new(UpstreamRt::unavailable(u, empty.unwrap_or_default()))
-                }
-                _ => {
-                    let rt = compile_upstream(u, &ssls)?;
-                    if let Some(o) = old {
-                        rt.balancer.inherit_state(&o.balancer);
-                    }
-                    Arc::new(rt)
-                }
-            };
-            if inline.is_none() {
+            let rt = upstream_runtime(u, old, &ssls, discovery)?;
+            if !inline {
                 upstreams.insert(key.into_boxed_str(), rt.clone());
             }
             Ok(rt)
         };
-        let services: AHashMap<&Id, _> = res.services.iter().map(|s| (&s.id, s)).collect();
-        let plugin_configs: AHashMap<&Id, _> =
-            res.plugin_configs.iter().map(|p| (&p.id, p)).collect();
         let mut shared_ups: AHashMap<&str, Arc<UpstreamRt>> = AHashMap::new();
         for u in &res.upstreams {
             let id = u.id.as_ref().map(|i| i.0.as_str()).unwrap_or_default();
@@ -380,10 +711,7 @@ impl Snapshot {
             shared_ups.insert(id, rt);
         }
 
-        let env = CompileEnv::new(shared, &res.consumers, None)
-            .with_groups_and_metadata(&res.consumer_groups, &res.plugin_metadata)
-            .with_credentials(&res.credentials)
-            .with_protos(&res.protos);
+        let env = cache.compile_env(shared, res);
         let mut global_plugins = serde_json::Map::new();
         for g in &res.global_rules {
             global_plugins.extend(g.plugins.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -393,199 +721,525 @@ impl Snapshot {
         if global.as_ref().is_some_and(|g| !g.upstreams().is_empty()) {
             return Err("global_rules: traffic-split is supported on routes only".into());
         }
-        let mut routes = Vec::with_capacity(res.routes.len());
-        let mut route_meta = Vec::with_capacity(res.routes.len());
-        let mut router_specs: Vec<Arc<RouteSpec<()>>> = Vec::with_capacity(res.routes.len());
+        let services = cache.next.services.clone();
+        let plugin_configs = cache.next.plugin_configs.clone();
+        let cx = RouteCx {
+            services: &services,
+            plugin_configs: &plugin_configs,
+            shared_ups: &shared_ups,
+            env: &env,
+        };
+        // Each enabled route's compile (order and slot not yet placed), with its previous compile.
+        // (compile, previous compile, whether the compile is the previous one reused)
+        let mut compiled: Vec<Option<Compiled>> = Vec::with_capacity(res.routes.len());
         // Routes compiled afresh, for the router's per-route checks.
         let mut fresh: Vec<(Arc<RouteSpec<()>>, Arc<str>)> = Vec::new();
-        // The runtime shared by routes that answer before reaching an upstream (`dangling`).
         let mut missing_up: Option<Arc<UpstreamRt>> = None;
-        // Whether every route keeps the router spec it had, at the index it had: then the router is reused.
-        let prev_specs = prev.map_or(&[][..], |p| &p.router_specs[..]);
-        for r in res.routes.iter().filter(|r| r.enabled()) {
-            // A route with an inline discovered upstream compiles again (its nodes may have changed; the upstream
+        let mut discovered = false;
+        for (at, r) in res.routes.iter().enumerate() {
+            let old = prev_lookup.find(r, at);
+            if !r.enabled() {
+                compiled.push(None);
+                continue;
+            }
+            // A route with a discovered upstream compiles again (its nodes may have changed; the upstream
             // runtime is still kept when they did not).
             let discovered_inline = r
                 .upstream
                 .as_ref()
                 .or_else(|| {
-                    let s = r.service_id.as_ref().and_then(|id| services.get(id))?;
+                    let s = r.service_id.as_ref().and_then(|id| services.get(&id.0))?;
                     s.upstream.as_ref()
                 })
                 .is_some_and(|u| u.discovery_type.is_some());
-            hint.set(cache.expected());
-            let kept = if discovered_inline {
-                None
-            } else {
-                cache.reuse(r, &shared_ups)
-            };
-            if let Some((c, compiled)) = kept {
-                router_specs.push(c.spec.clone());
-                route_meta.push(c.meta.clone());
-                routes.push(compiled);
-                continue;
-            }
-            let meta = Arc::new(route_meta_of(r, &services));
-            let ctx = |e: String| format!("route {}: {e}", r.id);
-            // A service or plugin config deleted with `?force=true` leaves the route routable (APISIX's router
-            // keeps it) and answering APISIX's status; a later PUT of the resource heals it (such routes are
-            // never reused, so the next compile sees the resource).
-            let service = r
-                .service_id
-                .as_ref()
-                .and_then(|id| services.get(id).copied());
-            let pc = r
-                .plugin_config_id
-                .as_ref()
-                .and_then(|id| plugin_configs.get(id).map(|p| &p.plugins));
-            let dangling = if r.plugin_config_id.is_some() && pc.is_none() {
-                Some(503)
-            } else if r.service_id.is_some() && service.is_none() {
-                Some(404)
-            } else {
-                None
-            };
-            if let Some(status) = dangling {
-                let uris = r.all_uris();
-                if uris.is_empty() {
-                    return Err(ctx("one of uri or uris is required".into()));
+            discovered |= discovered_inline;
+            if !discovered_inline {
+                if let Some(o) = old.as_ref().filter(|o| cache.reusable(o, r, &shared_ups)) {
+                    // Its traffic-split targets are compiled again below (an upstream they name may have changed).
+                    let s = o.with_splits(Box::new([]));
+                    compiled.push(Some((s, Some(o.clone()), true)));
+                    continue;
                 }
-                let spec = RouteSpec {
-                    uris,
-                    hosts: merge_route_service(r, service, None).hosts,
-                    methods: r.methods.clone(),
-                    remote_addrs: r.all_remote_addrs(),
-                    vars: r.vars.clone(),
-                    priority: r.priority,
-                    value: (),
-                };
-                let compiled = CompiledRoute {
-                    id: Arc::from(r.id.0.as_str()),
-                    service: r.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
-                    upstream: missing_up
-                        .get_or_insert_with(|| Arc::new(UpstreamRt::missing("")))
-                        .clone(),
-                    timeouts: Timeout::default().into(),
-                    plugins: None,
-                    websocket: false,
-                    inline: false,
-                    dangling: Some(status),
-                };
-                let spec = keep_spec(&prev_lookup, &compiled.id, spec, hint.get());
-                fresh.push((spec.clone(), compiled.id.clone()));
-                router_specs.push(spec);
-                route_meta.push(meta);
-                routes.push(compiled);
-                continue;
             }
-            let eff = merge_route_service(r, service, pc);
-            let upstream = match (&eff.upstream, &eff.upstream_id) {
-                (Some(u), _) => runtime(format!("r:{}", r.id), u).map_err(ctx)?,
-                (None, Some(id)) => match shared_ups.get(id.0.as_str()) {
-                    Some(u) => u.clone(),
-                    None => Arc::new(UpstreamRt::missing(&id.0)),
-                },
-                // APISIX accepts a route with plugins and no upstream (one may answer, as mocking does); a
-                // request its plugins do not answer gets 503.
-                (None, None) if !eff.plugins.is_empty() => Arc::new(UpstreamRt::unconfigured()),
-                (None, None) => {
-                    return Err(ctx(
-                        "missing upstream configuration in Route or Service".into()
-                    ))
-                }
-            };
-            let timeouts = r
-                .timeout
-                .map(Timeouts::from)
-                .or(upstream.timeouts)
-                .unwrap_or_else(|| Timeout::default().into());
-            let plugins = Chain::compile(&eff.plugins, &env).map_err(ctx)?;
-            let uris = r.all_uris();
-            if uris.is_empty() {
-                return Err(ctx("one of uri or uris is required".into()));
+            *current_old.borrow_mut() = old.clone();
+            let s = compile_route(r, &cx, &mut runtime, &mut missing_up, old.as_deref())?;
+            if old.as_ref().is_none_or(|o| !Arc::ptr_eq(&o.spec, &s.spec)) {
+                fresh.push((s.spec.clone(), s.route.id.clone()));
             }
-            let spec = RouteSpec {
-                uris,
-                hosts: eff.hosts.clone(),
-                methods: r.methods.clone(),
-                remote_addrs: r.all_remote_addrs(),
-                vars: r.vars.clone(),
-                priority: r.priority,
-                value: (),
-            };
-            let compiled = CompiledRoute {
-                id: Arc::from(r.id.0.as_str()),
-                service: r.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
-                upstream,
-                timeouts,
-                plugins,
-                websocket: eff.enable_websocket,
-                inline: eff.upstream.is_some(),
-                dangling: None,
-            };
-            let upstream_id = match eff.upstream {
-                Some(_) => None,
-                None => eff.upstream_id.as_ref().map(|i| i.0.clone()),
-            };
-            let spec = keep_spec(&prev_lookup, &compiled.id, spec, hint.get());
-            cache.record(r, upstream_id, spec.clone(), meta.clone(), &compiled);
-            fresh.push((spec.clone(), compiled.id.clone()));
-            router_specs.push(spec);
-            route_meta.push(meta);
-            routes.push(compiled);
+            compiled.push(Some((s, old, false)));
         }
-        let splits = split::compile(&routes, res, &shared_ups, &mut runtime)?;
+        *current_old.borrow_mut() = None;
+        // Traffic-split targets, over reused and fresh routes alike, so an upstream named by id is the current one.
+        for (entry, r) in compiled.iter_mut().zip(res.routes.iter()) {
+            let Some((s, _, _)) = entry else { continue };
+            s.splits = split::compile(&s.route, r.timeout, &shared_ups, &mut runtime)?;
+        }
         let stream = crate::stream::StreamRouter::compile(
             res,
             &shared_ups,
             &mut runtime,
             shared,
-            prev.map(|p| &p.stream),
+            prev.map(|p| &*p.stream),
         )?;
         // The routes compiled afresh go through the router's checks on their own (its errors are per route).
         Router::build_refs(fresh.iter().map(|(s, _)| (&**s, 0u32))).map_err(|e| {
             let id = fresh.get(e.index).map_or("?", |(_, id)| &**id);
             format!("route {id}: {}", e.reason)
         })?;
-        // The previous router serves on when every route kept its spec (same pointer) at its index; when only a
-        // few did not (a route's matching changed, routes were appended or removed at the end), it is updated
-        // route by route (`RouterPlan::Update`, copy-on-write, O(changed routes), not O(routes)).
+
+        // Orders: each kept route keeps its own while they still increase with the position; new ones take
+        // orders between their neighbours'; else every route is numbered afresh (and the router rebuilt).
+        let olds: Vec<Option<u32>> = compiled
+            .iter()
+            .flatten()
+            .map(|(_, o, _)| o.as_ref().map(|o| o.order))
+            .collect();
+        let orders = place_orders(&olds);
+        let renumbered = orders.is_none();
+        let orders = orders.unwrap_or_else(|| number_orders(olds.len()));
+        let mut slots = match prev {
+            Some(p) if !renumbered => p.slots.clone(),
+            _ => table::Slots::default(),
+        };
+        let mut table = imbl::Vector::new();
+        let mut ops = Vec::new();
+        let mut seen: ahash::AHashSet<u32> = ahash::AHashSet::new();
+        let mut checked = Vec::new();
+        let mut k = 0;
+        for entry in compiled {
+            let Some((s, old, reused)) = entry else {
+                table.push_back(None);
+                continue;
+            };
+            let order = orders[k];
+            k += 1;
+            let (slot, same_place) = match old.as_ref().filter(|_| !renumbered) {
+                Some(o) if seen.insert(o.slot) => (o.slot, o.order == order),
+                _ => (slots.alloc(), false),
+            };
+            let unchanged_match =
+                same_place && old.as_ref().is_some_and(|o| Arc::ptr_eq(&o.spec, &s.spec));
+            let served = match old {
+                // Kept whole: the same `Arc` (no traffic-split targets to refresh).
+                Some(o)
+                    if reused
+                        && o.order == order
+                        && o.slot == slot
+                        && s.splits.is_empty()
+                        && o.splits.is_empty() =>
+                {
+                    o
+                }
+                _ => Arc::new(s.placed(order, slot)),
+            };
+            if !unchanged_match {
+                ops.push(RouterOp::Insert(order, slot));
+            }
+            if served.route.inline && served.route.upstream.active.is_some() {
+                checked.push(served.route.upstream.clone());
+            }
+            slots.set(slot, served.clone());
+            table.push_back(Some(served));
+        }
+        // Routes gone (removed, disabled or moved to another slot): their slots and router entries go.
+        if let Some(p) = prev.filter(|_| !renumbered) {
+            for s in p.slots.values() {
+                if !seen.contains(&s.slot) {
+                    ops.push(RouterOp::Remove(s.order));
+                    slots.clear(s.slot);
+                }
+            }
+        }
+        // A removal of an order a new route took is undone by the insert that follows it.
+        ops.sort_by_key(|op| matches!(op, RouterOp::Insert(..)));
         let plan = match prev {
+            Some(_) if renumbered => RouterPlan::Build,
             None => RouterPlan::Build,
-            Some(p) => router_plan(&p.router, prev_specs, &router_specs),
+            Some(_) if ops.is_empty() => RouterPlan::Keep,
+            Some(_) if ops.len() > update_limit(table.len()) => RouterPlan::Build,
+            Some(_) => RouterPlan::Update(ops),
         };
-        let tls = SniTable::compile(&res.ssls)?;
+        let tls = Arc::new(SniTable::compile(&res.ssls)?);
         let consumers = env.compiled.get().and_then(|c| c.as_ref().ok()).cloned();
-        let router = match &plan {
-            RouterPlan::Keep(r) => r.clone(),
-            _ => Arc::new(empty_router()),
+        let router = match prev {
+            Some(p) => p.router.clone(),
+            None => Arc::new(empty_router()),
         };
+        let rest = Arc::new(rest_of(res));
+        let discovered = discovered
+            || res.upstreams.iter().any(|u| u.discovery_type.is_some())
+            || res.services.iter().any(|s| {
+                s.upstream
+                    .as_ref()
+                    .is_some_and(|u| u.discovery_type.is_some())
+            })
+            || res.stream_routes.iter().any(|r| {
+                r.upstream
+                    .as_ref()
+                    .is_some_and(|u| u.discovery_type.is_some())
+            });
         Ok(Prepared {
             plan,
             snap: Snapshot {
                 revision,
                 router,
-                router_specs,
-                routes,
-                route_meta,
+                slots,
+                inputs: res.routes.clone(),
+                table,
+                rest,
                 global,
                 upstreams,
+                inline_checked: checked.into(),
                 tls,
                 reuse: cache.next,
-                splits,
                 consumers,
-                stream,
+                stream: Arc::new(stream),
+                discovered,
             },
         })
     }
 }
 
+/// How many leading routes two route vectors share (same `Arc`s), at most `limit`, walking their leaves: a leaf
+/// both share (same memory) is skipped whole, so two vectors differing by a few routes cost a pointer comparison
+/// per 64 routes, not per route. With `from_end`, the leaves come last first and trailing routes are counted.
+fn shared_run<'a>(
+    mut a: impl Iterator<Item = &'a [Arc<Route>]>,
+    mut b: impl Iterator<Item = &'a [Arc<Route>]>,
+    limit: usize,
+    from_end: bool,
+) -> usize {
+    let (mut x, mut y): (&[Arc<Route>], &[Arc<Route>]) = (&[], &[]);
+    let mut n = 0;
+    while n < limit {
+        if x.is_empty() {
+            match a.next() {
+                Some(l) => x = l,
+                None => break,
+            }
+        }
+        if y.is_empty() {
+            match b.next() {
+                Some(l) => y = l,
+                None => break,
+            }
+        }
+        if std::ptr::eq(x, y) && n + x.len() <= limit {
+            n += x.len();
+            (x, y) = (&[], &[]);
+            continue;
+        }
+        let left = limit - n;
+        let same = if from_end {
+            x.iter()
+                .rev()
+                .zip(y.iter().rev())
+                .take(left)
+                .take_while(|(p, q)| Arc::ptr_eq(p, q))
+                .count()
+        } else {
+            x.iter()
+                .zip(y)
+                .take(left)
+                .take_while(|(p, q)| Arc::ptr_eq(p, q))
+                .count()
+        };
+        n += same;
+        if same < x.len().min(y.len()) || same == left {
+            break;
+        }
+        if from_end {
+            (x, y) = (&x[..x.len() - same], &y[..y.len() - same]);
+        } else {
+            (x, y) = (&x[same..], &y[same..]);
+        }
+    }
+    n.min(limit)
+}
+
+/// An enabled route's compile in the full path: (compile, its previous compile, whether it is that one reused).
+type Compiled = (Served, Option<Arc<Served>>, bool);
+
+/// At most this many routes added, changed or removed by one write take the per-route path; more compile whole.
+const FAST_MAX_CHANGES: usize = 256;
+/// How far that path looks past disabled routes for a new route's neighbours.
+const FAST_SCAN: usize = 4096;
+/// The gap between consecutive routes' orders when numbered afresh (room for routes added between them).
+const ORDER_STRIDE: i64 = 1 << 10;
+
+/// Orders `1 * stride`, `2 * stride`, ... for `n` routes, the stride shrinking when `n` is large.
+fn number_orders(n: usize) -> Vec<u32> {
+    let stride = (i64::from(u32::MAX) / (n as i64 + 2)).clamp(1, ORDER_STRIDE);
+    (0..n as i64).map(|i| ((i + 1) * stride) as u32).collect()
+}
+
+/// Orders for routes whose previous orders are `olds` (`None`: new), keeping every previous one; `None` when they
+/// no longer increase or leave no room for the new routes between them.
+fn place_orders(olds: &[Option<u32>]) -> Option<Vec<u32>> {
+    let mut out = Vec::with_capacity(olds.len());
+    let mut lo: i64 = -1;
+    let mut i = 0;
+    while i < olds.len() {
+        if let Some(o) = olds[i] {
+            if i64::from(o) <= lo {
+                return None;
+            }
+            lo = i64::from(o);
+            out.push(o);
+            i += 1;
+            continue;
+        }
+        // A run of new routes up to the next kept one.
+        let end = (i..olds.len())
+            .find(|&k| olds[k].is_some())
+            .unwrap_or(olds.len());
+        let run = (end - i) as i64;
+        let (hi, step) = match olds.get(end).copied().flatten() {
+            Some(h) => {
+                let h = i64::from(h);
+                (h, (h - lo) / (run + 1))
+            }
+            None => {
+                let top = i64::from(u32::MAX) + 1;
+                (top, ((top - lo) / (run + 1)).min(ORDER_STRIDE))
+            }
+        };
+        if step < 1 || lo + step * run >= hi {
+            return None;
+        }
+        for k in 1..=run {
+            out.push((lo + step * k) as u32);
+        }
+        lo += step * run;
+        i = end;
+    }
+    Some(out)
+}
+
+/// Compiles one enabled route (its order and slot are placed by the caller). `old` is its previous compile, whose
+/// router spec is kept when equal (the router then needs no change for it).
+fn compile_route(
+    r: &Arc<Route>,
+    cx: &RouteCx<'_, '_>,
+    runtime: &mut RuntimeFn<'_>,
+    missing_up: &mut Option<Arc<UpstreamRt>>,
+    old: Option<&Served>,
+) -> Result<Served, String> {
+    let ctx = |e: String| format!("route {}: {e}", r.id);
+    // A service or plugin config deleted with `?force=true` leaves the route routable (APISIX's router keeps it)
+    // and answering APISIX's status; a later PUT of the resource heals it (such routes are never reused, so the
+    // next compile sees the resource).
+    let service = r.service_id.as_ref().and_then(|id| cx.services.get(&id.0));
+    let plugin_config = r
+        .plugin_config_id
+        .as_ref()
+        .and_then(|id| cx.plugin_configs.get(&id.0));
+    let meta = route_meta_of(r, service.map(|s| &**s));
+    let keep = |spec: RouteSpec<()>| -> Arc<RouteSpec<()>> {
+        old.map(|o| &o.spec)
+            .filter(|o| reuse::same_spec(o, &spec))
+            .cloned()
+            .unwrap_or_else(|| Arc::new(spec))
+    };
+    let uris = r.all_uris();
+    if uris.is_empty() {
+        return Err(ctx("one of uri or uris is required".into()));
+    }
+    let dangling = if r.plugin_config_id.is_some() && plugin_config.is_none() {
+        Some(503)
+    } else if r.service_id.is_some() && service.is_none() {
+        Some(404)
+    } else {
+        None
+    };
+    if let Some(status) = dangling {
+        let spec = RouteSpec {
+            uris,
+            hosts: merge_route_service(r, service.map(|s| &**s), None).hosts,
+            methods: r.methods.clone(),
+            remote_addrs: r.all_remote_addrs(),
+            vars: r.vars.clone(),
+            priority: r.priority,
+            value: (),
+        };
+        let route = CompiledRoute {
+            id: Arc::from(r.id.0.as_str()),
+            service: r.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
+            upstream: missing_up
+                .get_or_insert_with(|| Arc::new(UpstreamRt::missing("")))
+                .clone(),
+            timeouts: Timeout::default().into(),
+            plugins: None,
+            websocket: false,
+            inline: false,
+            dangling: Some(status),
+        };
+        return Ok(Served {
+            route,
+            meta,
+            splits: Box::new([]),
+            spec: keep(spec),
+            order: 0,
+            slot: 0,
+            input: r.clone(),
+            service: service.cloned(),
+            plugin_config: plugin_config.cloned(),
+            // Never reused: `reusable` refuses a dangling route.
+            upstream_id: Some(String::new()),
+        });
+    }
+    let eff = merge_route_service(r, service.map(|s| &**s), plugin_config.map(|p| &p.plugins));
+    let upstream = match (&eff.upstream, &eff.upstream_id) {
+        (Some(u), _) => runtime(format!("r:{}", r.id), u).map_err(ctx)?,
+        (None, Some(id)) => match cx.shared_ups.get(id.0.as_str()) {
+            Some(u) => u.clone(),
+            None => Arc::new(UpstreamRt::missing(&id.0)),
+        },
+        // APISIX accepts a route with plugins and no upstream (one may answer, as mocking does); a request its
+        // plugins do not answer gets 503.
+        (None, None) if !eff.plugins.is_empty() => Arc::new(UpstreamRt::unconfigured()),
+        (None, None) => {
+            return Err(ctx(
+                "missing upstream configuration in Route or Service".into()
+            ))
+        }
+    };
+    let timeouts = r
+        .timeout
+        .map(Timeouts::from)
+        .or(upstream.timeouts)
+        .unwrap_or_else(|| Timeout::default().into());
+    let plugins = Chain::compile(&eff.plugins, cx.env).map_err(ctx)?;
+    let spec = RouteSpec {
+        uris,
+        hosts: eff.hosts.clone(),
+        methods: r.methods.clone(),
+        remote_addrs: r.all_remote_addrs(),
+        vars: r.vars.clone(),
+        priority: r.priority,
+        value: (),
+    };
+    let route = CompiledRoute {
+        id: Arc::from(r.id.0.as_str()),
+        service: r.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
+        upstream,
+        timeouts,
+        plugins,
+        websocket: eff.enable_websocket,
+        inline: eff.upstream.is_some(),
+        dangling: None,
+    };
+    let upstream_id = match eff.upstream {
+        Some(_) => None,
+        None => eff.upstream_id.as_ref().map(|i| i.0.clone()),
+    };
+    Ok(Served {
+        route,
+        meta,
+        splits: Box::new([]),
+        spec: keep(spec),
+        order: 0,
+        slot: 0,
+        input: r.clone(),
+        service: service.cloned(),
+        plugin_config: plugin_config.cloned(),
+        upstream_id,
+    })
+}
+
+/// The runtime of upstream `u`: `old` itself when its configuration is unchanged, else a new one inheriting its
+/// balancer state by node address. A discovered upstream compiles with the nodes `discovery` gives.
+fn upstream_runtime(
+    u: &Arc<Upstream>,
+    old: Option<&Arc<UpstreamRt>>,
+    ssls: &tls::SslsById<'_>,
+    discovery: Option<&dyn Discovery>,
+) -> Result<Arc<UpstreamRt>, String> {
+    let resolved;
+    let (u, empty) = match discover(u, discovery) {
+        Discovered::Static => (u, None),
+        Discovered::Nodes(r) => {
+            resolved = r;
+            (&resolved, None)
+        }
+        Discovered::None(why) => (u, Some(why)),
+    };
+    let client_ssl = match &u.tls {
+        Some(t) => tls::client_ssl(t, ssls)?,
+        None => None,
+    };
+    Ok(match old {
+        Some(o)
+            if (Arc::ptr_eq(&o.source, u) || *o.source == **u)
+                && o.client_ssl.as_deref() == client_ssl
+                && o.missing.as_ref().map(|m| &*m.1) == empty.as_deref() =>
+        {
+            o.clone()
+        }
+        _ if empty.is_some() => Arc::new(UpstreamRt::unavailable(u, empty.unwrap_or_default())),
+        _ => {
+            let rt = compile_upstream(u, ssls)?;
+            if let Some(o) = old {
+                rt.balancer.inherit_state(&o.balancer);
+            }
+            Arc::new(rt)
+        }
+    })
+}
+
+/// `res` without its routes: what the per-route path checks did not change.
+fn rest_of(res: &Resources) -> Resources {
+    Resources {
+        routes: imbl::Vector::new(),
+        services: res.services.clone(),
+        upstreams: res.upstreams.clone(),
+        consumers: res.consumers.clone(),
+        global_rules: res.global_rules.clone(),
+        plugin_configs: res.plugin_configs.clone(),
+        ssls: res.ssls.clone(),
+        credentials: res.credentials.clone(),
+        consumer_groups: res.consumer_groups.clone(),
+        plugin_metadata: res.plugin_metadata.clone(),
+        protos: res.protos.clone(),
+        secrets: res.secrets.clone(),
+        stream_routes: res.stream_routes.clone(),
+    }
+}
+
+/// Whether `res` has exactly `rest`'s resources besides routes.
+fn same_rest(rest: &Resources, res: &Resources) -> bool {
+    // Exhaustive on purpose: a new field in `Resources` must be compared here.
+    let Resources {
+        routes: _,
+        services,
+        upstreams,
+        consumers,
+        global_rules,
+        plugin_configs,
+        ssls,
+        credentials,
+        consumer_groups,
+        plugin_metadata,
+        protos,
+        secrets,
+        stream_routes,
+    } = rest;
+    *services == res.services
+        && *upstreams == res.upstreams
+        && *consumers == res.consumers
+        && *global_rules == res.global_rules
+        && *plugin_configs == res.plugin_configs
+        && *ssls == res.ssls
+        && *credentials == res.credentials
+        && *consumer_groups == res.consumer_groups
+        && *plugin_metadata == res.plugin_metadata
+        && *protos == res.protos
+        && *secrets == res.secrets
+        && *stream_routes == res.stream_routes
+}
+
 /// A route's [`sluice_plugins::RouteMeta`]: its service id and names, its first uri and host pattern.
-fn route_meta_of(
-    r: &sluice_model::Route,
-    services: &AHashMap<&Id, &sluice_model::Service>,
-) -> sluice_plugins::RouteMeta {
-    let service = r.service_id.as_ref().and_then(|id| services.get(id));
+fn route_meta_of(r: &Route, service: Option<&Service>) -> sluice_plugins::RouteMeta {
     // The route's hosts, else its service's (as the merge gives them to the router).
     let host = r
         .host
@@ -601,22 +1255,13 @@ fn route_meta_of(
     }
 }
 
-fn empty_router() -> Router<u32> {
-    Router::build(Vec::new()).unwrap_or_else(|_| unreachable!("an empty router always builds"))
+/// The router being edited, cloned from `base` on the first edit.
+fn edit<'a>(edited: &'a mut Option<Router<u32>>, base: &Router<u32>) -> &'a mut Router<u32> {
+    edited.get_or_insert_with(|| base.clone())
 }
 
-/// `spec` as the previous compile's `Arc` when route `id` had an equal one (the router is reused when every
-/// route's spec is the same pointer as before at the same index), else a new one.
-fn keep_spec(
-    prev: &reuse::Lookup<'_>,
-    id: &str,
-    spec: RouteSpec<()>,
-    hint: Option<usize>,
-) -> Arc<RouteSpec<()>> {
-    prev.spec_of(id, hint)
-        .filter(|old| reuse::same_spec(old, &spec))
-        .cloned()
-        .unwrap_or_else(|| Arc::new(spec))
+fn empty_router() -> Router<u32> {
+    Router::default()
 }
 
 /// A compiled configuration still missing its router (see [`Snapshot::prepare_next`]).
@@ -626,54 +1271,26 @@ pub struct Prepared {
     plan: RouterPlan,
 }
 
-/// How the next snapshot's router comes from the previous one.
+/// One edit of the previous router (orders are the router's keys).
+enum RouterOp {
+    Remove(u32),
+    /// The route in this slot, at this order (replacing whatever had the order).
+    Insert(u32, u32),
+}
+
+/// How the next snapshot's router comes from the previous one (already in the snapshot).
 enum RouterPlan {
-    /// No route's matching changed: the previous router (already in the snapshot).
-    Keep(Arc<Router<u32>>),
-    /// The previous router with the routes at these indices replaced, then `len` routes in all (the routes
-    /// past the previous length appended, those past `len` removed).
-    Update {
-        base: Arc<Router<u32>>,
-        changed: Vec<u32>,
-        len: usize,
-    },
+    /// No route's matching changed, or the per-route path already edited it.
+    Keep,
+    /// The previous router with these edits (removals first).
+    Update(Vec<RouterOp>),
     /// A router over every route.
     Build,
 }
 
-/// More routes than this changed (or shifted, since the router's values are route indices: a route added or
-/// removed in the middle shifts every later one) and the router is built afresh rather than updated.
+/// More router edits than this and the router is built afresh rather than updated.
 fn update_limit(routes: usize) -> usize {
     (routes / 8).max(64)
-}
-
-/// Compares the router specs by pointer, index by index (an unchanged route keeps its spec's `Arc`).
-fn router_plan(
-    base: &Arc<Router<u32>>,
-    prev: &[Arc<RouteSpec<()>>],
-    next: &[Arc<RouteSpec<()>>],
-) -> RouterPlan {
-    let limit = update_limit(next.len());
-    let mut changed = Vec::new();
-    for (i, (a, b)) in prev.iter().zip(next).enumerate() {
-        if !Arc::ptr_eq(a, b) {
-            if changed.len() >= limit {
-                return RouterPlan::Build;
-            }
-            changed.push(i as u32);
-        }
-    }
-    if changed.is_empty() && prev.len() == next.len() {
-        return RouterPlan::Keep(base.clone());
-    }
-    if changed.len() + prev.len().abs_diff(next.len()) > limit {
-        return RouterPlan::Build;
-    }
-    RouterPlan::Update {
-        base: base.clone(),
-        changed,
-        len: next.len(),
-    }
 }
 
 impl Prepared {
@@ -681,29 +1298,41 @@ impl Prepared {
     pub fn finish(self) -> Result<Snapshot, String> {
         let Prepared { mut snap, plan } = self;
         let err = |snap: &Snapshot, e: sluice_router::RouterError| {
-            let id = snap.routes.get(e.index).map_or("?", |r| &*r.id);
+            let id = snap
+                .slots
+                .values()
+                .find(|s| s.order as usize == e.index)
+                .map_or("?", |s| &*s.route.id);
             format!("route {id}: {}", e.reason)
         };
         match plan {
-            RouterPlan::Keep(_) => {}
-            RouterPlan::Update { base, changed, len } => {
-                let mut router = (*base).clone();
-                let old_len = router.len();
-                let appended = (old_len.min(len)..len).filter_map(|i| u32::try_from(i).ok());
-                for i in changed.into_iter().chain(appended) {
-                    let Some(spec) = snap.router_specs.get(i as usize) else {
-                        continue;
-                    };
-                    router.insert(i, &**spec, i).map_err(|e| err(&snap, e))?;
-                }
-                for i in len..old_len {
-                    router.remove(i as u32);
+            RouterPlan::Keep => {}
+            RouterPlan::Update(ops) => {
+                let mut router = (*snap.router).clone();
+                for op in ops {
+                    match op {
+                        RouterOp::Remove(order) => {
+                            router.remove(order);
+                        }
+                        RouterOp::Insert(order, slot) => {
+                            let Some(s) = snap.slots.get(slot) else {
+                                continue;
+                            };
+                            router
+                                .insert(order, &*s.spec, slot)
+                                .map_err(|e| err(&snap, e))?;
+                        }
+                    }
                 }
                 snap.router = Arc::new(router);
             }
             RouterPlan::Build => {
-                let specs = snap.router_specs.iter().zip(0u32..).map(|(s, i)| (&**s, i));
-                let router = Router::build_refs(specs).map_err(|e| err(&snap, e))?;
+                let mut router = Router::default();
+                for s in snap.slots.values() {
+                    router
+                        .insert(s.order, &*s.spec, s.slot)
+                        .map_err(|e| err(&snap, e))?;
+                }
                 snap.router = Arc::new(router);
             }
         }

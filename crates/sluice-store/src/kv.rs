@@ -425,14 +425,14 @@ fn fill<T: serde::de::DeserializeOwned, A: From<T>>(
     snap: &Snapshot,
     kind: &str,
     de: &DataEncryption,
-    out: &mut Vec<A>,
+    out: &mut impl Extend<A>,
     set_id: impl Fn(&mut T, Id),
 ) {
     for (id, e) in snap.list(kind) {
         match T::deserialize(&*de.decrypted_at(kind, id, &e.value)) {
             Ok(mut v) => {
                 set_id(&mut v, Id(id.to_owned()));
-                out.push(A::from(v));
+                out.extend(std::iter::once(A::from(v)));
             }
             Err(err) => {
                 tracing::error!(kind, id, error = %err, "stored resource does not parse; skipped")

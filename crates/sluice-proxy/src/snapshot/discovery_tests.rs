@@ -62,11 +62,7 @@ fn res() -> Resources {
 }
 
 fn up<'a>(s: &'a Snapshot, id: &str) -> &'a Arc<crate::snapshot::UpstreamRt> {
-    &s.routes
-        .iter()
-        .find(|r| &*r.id == id)
-        .expect("route")
-        .upstream
+    &s.routes().find(|r| &*r.id == id).expect("route").upstream
 }
 
 fn ports(s: &Snapshot, id: &str) -> Vec<u16> {

@@ -1,97 +1,83 @@
 //! What one compile leaves for the next (issue 4: one route changed out of 100,000 must not recompile the other
-//! 99,999): every compiled route with the exact inputs it was compiled from, services and plugin configs shared
-//! by `Arc` so that "same input" is a pointer comparison, and the rest of the configuration plugin chains may read
-//! (consumers, credentials, metadata, ...). A route is reused only when its route, service, plugin config,
-//! referenced upstream runtime, that environment and the plugin state (`Shared`) are all unchanged; anything else
-//! compiles afresh. Issue 16 (route scale) made the walk over the unchanged routes cost pointers, not
-//! allocations: routes are `Arc`s shared with the configuration they came from (an unchanged route is recognised
-//! by pointer before any comparison), the cache is a list in route order (route `i` of the next compile is looked
-//! for at the position it had, by hash only when the order shifted) and each entry keeps its router spec and
-//! `RouteMeta` behind `Arc`s, so reusing a route clones a few pointers.
+//! 99,999): services and plugin configs shared by `Arc` so that "same input" is a pointer comparison, the rest of
+//! the configuration plugin chains may read (consumers, credentials, metadata, ...), and the lookup of a route's
+//! previous compile (`Served`, which keeps its inputs). A route is reused only when its route, service, plugin
+//! config, referenced upstream runtime, that environment and the plugin state (`Shared`) are all unchanged;
+//! anything else compiles afresh. Routes are `Arc`s shared with the configuration they came from, so an unchanged
+//! route is recognised by pointer before any comparison.
 
+use std::cell::{Cell, OnceCell};
 use std::sync::Arc;
 
 use ahash::AHashMap;
 use sluice_model::{Id, PluginConfig, Resources, Route, Service};
-use sluice_plugins::{Chain, RouteMeta, Shared};
+use sluice_plugins::{CompileEnv, Shared};
 use sluice_router::RouteSpec;
 
-use super::{CompiledRoute, Timeouts, UpstreamRt};
+use super::{Served, UpstreamRt};
 
-/// The inputs and outputs of one compile, kept in its snapshot.
-#[derive(Default)]
+/// What chains were compiled against, kept in the snapshot for the next compile.
+#[derive(Default, Clone)]
 pub(super) struct Reuse {
     /// Address of the `Shared` the chains were compiled with: chains are reused only under the same plugin state.
     shared: usize,
     /// Everything chains and upstream runtimes may depend on besides routes, services, upstreams and plugin
     /// configs (`ssls` included: upstream client certificates name them). Those four fields stay empty.
     env: Arc<Resources>,
-    services: AHashMap<String, Arc<Service>>,
-    plugin_configs: AHashMap<String, Arc<PluginConfig>>,
-    /// In the order the routes were compiled (the configuration's order).
-    routes: Vec<Arc<CachedRoute>>,
+    pub(super) services: AHashMap<String, Arc<Service>>,
+    pub(super) plugin_configs: AHashMap<String, Arc<PluginConfig>>,
 }
 
-pub(super) struct CachedRoute {
-    route: Arc<Route>,
-    service: Option<Arc<Service>>,
-    plugin_config: Option<Arc<PluginConfig>>,
-    /// The shared upstream it points at (`None`: inline, kept as `r:<id>`).
-    upstream_id: Option<String>,
-    pub(super) spec: Arc<RouteSpec<()>>,
-    pub(super) meta: Arc<RouteMeta>,
-    id: Arc<str>,
-    service_key: Option<Arc<str>>,
-    upstream: Arc<UpstreamRt>,
-    timeouts: Timeouts,
-    plugins: Option<Arc<Chain>>,
-    websocket: bool,
-}
+/// A previous compile's input routes and, by the same position, their compiles.
+pub(super) type Previous<'p> = (
+    &'p imbl::Vector<Arc<Route>>,
+    &'p imbl::Vector<Option<Arc<Served>>>,
+);
 
-/// The previous compile's routes by id: at an expected position first, by hash only when that misses.
+/// The previous compile's routes by position: a route is looked for where the position shift so far puts it,
+/// by id only when that misses.
 pub(super) struct Lookup<'p> {
-    prev: Option<&'p Reuse>,
+    prev: Option<Previous<'p>>,
+    shift: Cell<isize>,
     /// Positions by id, built only when the order shifted.
-    by_id: std::cell::OnceCell<AHashMap<Arc<str>, usize>>,
+    by_id: OnceCell<AHashMap<&'p str, usize>>,
 }
 
 impl<'p> Lookup<'p> {
-    pub fn new(prev: Option<&'p Reuse>) -> Lookup<'p> {
+    pub fn new(prev: Option<Previous<'p>>) -> Lookup<'p> {
         Lookup {
             prev,
-            by_id: std::cell::OnceCell::new(),
+            shift: Cell::new(0),
+            by_id: OnceCell::new(),
         }
     }
 
-    /// The entry of route `id` and its position, looked for at position `hint` first.
-    fn find(&self, id: &str, hint: Option<usize>) -> Option<(usize, &'p Arc<CachedRoute>)> {
-        let prev = self.prev?;
-        if let Some(i) = hint.filter(|&i| prev.routes.get(i).is_some_and(|c| &*c.id == id)) {
-            return prev.routes.get(i).map(|c| (i, c));
-        }
-        let at = *self
-            .by_id
-            .get_or_init(|| {
-                prev.routes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| (c.id.clone(), i))
-                    .collect()
-            })
-            .get(id)?;
-        prev.routes.get(at).map(|c| (at, c))
-    }
-
-    /// The router spec route `id` had in the previous compile.
-    pub fn spec_of(&self, id: &str, hint: Option<usize>) -> Option<&'p Arc<RouteSpec<()>>> {
-        self.find(id, hint).map(|(_, c)| &c.spec)
-    }
-
-    /// The inline upstream runtime route `id` had in the previous compile (its `r:<id>` runtime), whatever
-    /// else changed since: an unchanged upstream keeps its runtime (health, balancer state).
-    pub fn inline_upstream(&self, id: &str, hint: Option<usize>) -> Option<&'p Arc<UpstreamRt>> {
-        let (_, c) = self.find(id, hint)?;
-        c.upstream_id.is_none().then_some(&c.upstream)
+    /// The previous compile of route `r`, now at position `at` (`None`: new, or disabled before).
+    pub fn find(&self, r: &Route, at: usize) -> Option<Arc<Served>> {
+        let (inputs, table) = self.prev?;
+        let guess = at.checked_add_signed(self.shift.get()).filter(|&i| {
+            inputs
+                .get(i)
+                .is_some_and(|o| std::ptr::eq(&**o, r) || o.id == r.id)
+        });
+        let pos = match guess {
+            Some(i) => i,
+            None => {
+                let i = *self
+                    .by_id
+                    .get_or_init(|| {
+                        inputs
+                            .iter()
+                            .enumerate()
+                            .map(|(i, o)| (o.id.0.as_str(), i))
+                            .collect()
+                    })
+                    .get(r.id.0.as_str())?;
+                self.shift.set(i as isize - at as isize);
+                i
+            }
+        };
+        table.get(pos).cloned().flatten()
     }
 }
 
@@ -99,9 +85,6 @@ impl<'p> Lookup<'p> {
 pub(super) struct Builder<'p> {
     /// The previous compile when its plugin state and environment are the same (else nothing is reused).
     old: Option<&'p Reuse>,
-    lookup: Lookup<'p>,
-    /// Where the previous compile's route for the next position is expected: its position minus the next one.
-    shift: isize,
     pub next: Reuse,
 }
 
@@ -146,47 +129,41 @@ fn same_env(a: &Resources, b: &Resources) -> bool {
         && a.secrets == b.secrets
 }
 
+fn env_for<'a>(shared: &'a Shared, res: &'a Resources) -> CompileEnv<'a> {
+    CompileEnv::new(shared, &res.consumers, None)
+        .with_groups_and_metadata(&res.consumer_groups, &res.plugin_metadata)
+        .with_credentials(&res.credentials)
+        .with_protos(&res.protos)
+}
+
 impl Reuse {
     /// The configuration chains were compiled against besides routes, services, upstreams and plugin configs.
     pub(super) fn env(&self) -> &Resources {
         &self.env
     }
 
-    /// Where route `id`'s merged plugin `name` came from, as `merge_route_service` lets them override: the
-    /// route's own, else its plugin config's, else its service's.
-    pub(super) fn source_of(&self, id: &str, name: &str) -> (&'static str, String) {
-        let Some(c) = self.routes.iter().find(|c| &*c.id == id) else {
-            return ("route", id.to_owned());
-        };
-        if c.route.plugins.contains_key(name) {
-            return ("route", id.to_owned());
+    /// Whether chains were compiled with this plugin state.
+    pub(super) fn same_shared(&self, shared: &Shared) -> bool {
+        self.shared == shared as *const Shared as usize
+    }
+
+    /// The environment to compile more routes of this same configuration (`res` has this compile's environment),
+    /// with the consumers it already compiled.
+    pub(super) fn compile_env<'a>(
+        &self,
+        shared: &'a Shared,
+        res: &'a Resources,
+        consumers: Option<&Arc<sluice_plugins::consumers::Consumers>>,
+    ) -> CompileEnv<'a> {
+        let env = env_for(shared, res);
+        if let Some(c) = consumers {
+            let _ = env.compiled.set(Ok(c.clone()));
         }
-        if let Some(pc) = c
-            .plugin_config
-            .as_ref()
-            .filter(|p| p.plugins.contains_key(name))
-        {
-            return ("plugin_config", pc.id.0.clone());
-        }
-        match c.service.as_ref().filter(|s| s.plugins.contains_key(name)) {
-            Some(s) => ("service", s.id.0.clone()),
-            None => ("route", id.to_owned()),
-        }
+        env
     }
 }
 
 impl<'p> Builder<'p> {
-    /// The previous compile's entry for route `id`, looked for at position `hint` first.
-    fn find_old(&self, id: &str, hint: Option<usize>) -> Option<(usize, &'p Arc<CachedRoute>)> {
-        self.old?;
-        self.lookup.find(id, hint)
-    }
-
-    /// Where the previous compile's entry for the next route is expected (see [`Lookup::find`]).
-    pub fn expected(&self) -> Option<usize> {
-        self.next.routes.len().checked_add_signed(self.shift)
-    }
-
     pub fn new(prev: Option<&'p Reuse>, res: &Resources, shared: &Shared) -> Builder<'p> {
         let addr = shared as *const Shared as usize;
         let old = prev.filter(|p| p.shared == addr);
@@ -223,103 +200,51 @@ impl<'p> Builder<'p> {
             .collect();
         Builder {
             old,
-            lookup: Lookup::new(old),
-            shift: 0,
             next: Reuse {
                 shared: addr,
                 env,
                 services,
                 plugin_configs,
-                routes: Vec::with_capacity(res.routes.len()),
             },
         }
     }
 
-    fn service(&self, id: &Option<Id>) -> Option<Arc<Service>> {
-        id.as_ref()
-            .and_then(|i| self.next.services.get(&i.0))
-            .cloned()
+    /// The environment routes compile against.
+    pub fn compile_env<'a>(&self, shared: &'a Shared, res: &'a Resources) -> CompileEnv<'a> {
+        env_for(shared, res)
     }
 
-    fn plugin_config(&self, id: &Option<Id>) -> Option<Arc<PluginConfig>> {
-        id.as_ref()
-            .and_then(|i| self.next.plugin_configs.get(&i.0))
-            .cloned()
+    fn service(&self, id: &Option<Id>) -> Option<&Arc<Service>> {
+        id.as_ref().and_then(|i| self.next.services.get(&i.0))
     }
 
-    /// The previous compile of `r` when every input is unchanged: its cache entry (router spec, `RouteMeta`) and
-    /// its compiled route.
-    pub fn reuse(
-        &mut self,
+    fn plugin_config(&self, id: &Option<Id>) -> Option<&Arc<PluginConfig>> {
+        id.as_ref().and_then(|i| self.next.plugin_configs.get(&i.0))
+    }
+
+    /// Whether `o`, the previous compile of `r`'s id, can serve as `r`'s compile: every input unchanged.
+    pub fn reusable(
+        &self,
+        o: &Served,
         r: &Arc<Route>,
         shared_ups: &AHashMap<&str, Arc<UpstreamRt>>,
-    ) -> Option<(Arc<CachedRoute>, CompiledRoute)> {
-        let index = self.next.routes.len();
-        let hint = index.checked_add_signed(self.shift);
-        // The same route (pointer) at the expected position: found without reading its id.
-        let same = self.old.and_then(|o| {
-            let i = hint?;
-            o.routes
-                .get(i)
-                .filter(|c| Arc::ptr_eq(&c.route, r))
-                .map(|c| (i, c))
-        });
-        let (at, c) = match same {
-            Some(hit) => hit,
-            None => self.find_old(&r.id.0, hint)?,
-        };
-        self.shift = at as isize - index as isize;
-        let fresh_up = match &c.upstream_id {
+    ) -> bool {
+        if self.old.is_none() || o.route.dangling.is_some() {
+            return false;
+        }
+        let fresh_up = match &o.upstream_id {
             Some(id) => shared_ups
                 .get(id.as_str())
-                .is_some_and(|u| Arc::ptr_eq(u, &c.upstream)),
+                .is_some_and(|u| Arc::ptr_eq(u, &o.route.upstream)),
             None => true,
         };
-        if !(fresh_up
-            && same_ptr(&c.service, &self.service(&r.service_id))
-            && same_ptr(&c.plugin_config, &self.plugin_config(&r.plugin_config_id))
-            && (Arc::ptr_eq(&c.route, r) || *c.route == **r))
-        {
-            return None;
-        }
-        let compiled = CompiledRoute {
-            id: c.id.clone(),
-            service: c.service_key.clone(),
-            upstream: c.upstream.clone(),
-            timeouts: c.timeouts,
-            plugins: c.plugins.clone(),
-            websocket: c.websocket,
-            inline: c.upstream_id.is_none(),
-            dangling: None,
-        };
-        self.next.routes.push(c.clone());
-        Some((c.clone(), compiled))
-    }
-
-    /// Records a freshly compiled route for the next compile.
-    pub fn record(
-        &mut self,
-        r: &Arc<Route>,
-        upstream_id: Option<String>,
-        spec: Arc<RouteSpec<()>>,
-        meta: Arc<RouteMeta>,
-        compiled: &CompiledRoute,
-    ) {
-        let c = CachedRoute {
-            route: r.clone(),
-            service: self.service(&r.service_id),
-            plugin_config: self.plugin_config(&r.plugin_config_id),
-            upstream_id,
-            spec,
-            meta,
-            id: compiled.id.clone(),
-            service_key: compiled.service.clone(),
-            upstream: compiled.upstream.clone(),
-            timeouts: compiled.timeouts,
-            plugins: compiled.plugins.clone(),
-            websocket: compiled.websocket,
-        };
-        self.next.routes.push(Arc::new(c));
+        fresh_up
+            && same_ptr(o.service.as_ref(), self.service(&r.service_id))
+            && same_ptr(
+                o.plugin_config.as_ref(),
+                self.plugin_config(&r.plugin_config_id),
+            )
+            && (Arc::ptr_eq(&o.input, r) || *o.input == **r)
     }
 }
 
@@ -333,7 +258,7 @@ pub(super) fn same_spec(a: &RouteSpec<()>, b: &RouteSpec<()>) -> bool {
         && a.priority == b.priority
 }
 
-fn same_ptr<T>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
+pub(super) fn same_ptr<T>(a: Option<&Arc<T>>, b: Option<&Arc<T>>) -> bool {
     match (a, b) {
         (Some(a), Some(b)) => Arc::ptr_eq(a, b),
         (None, None) => true,

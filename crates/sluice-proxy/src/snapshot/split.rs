@@ -8,21 +8,10 @@
 use std::sync::Arc;
 
 use ahash::AHashMap;
-use sluice_model::{Resources, Timeout, Upstream};
+use sluice_model::{Timeout, Upstream};
 use sluice_plugins::PluginUpstream;
 
 use super::{CompiledRoute, Timeouts, UpstreamRt};
-
-/// Plugin upstream targets by route index (only routes whose chain declares any).
-#[derive(Default)]
-pub(crate) struct Splits(AHashMap<u32, Box<[CompiledRoute]>>);
-
-impl Splits {
-    /// Route `route`'s `i`-th plugin upstream.
-    pub(crate) fn get(&self, route: u32, i: usize) -> Option<&CompiledRoute> {
-        self.0.get(&route)?.get(i)
-    }
-}
 
 /// Compiles (or keeps across reloads) an upstream runtime under a key: `compile_next`'s `runtime`.
 type Runtime<'r> = dyn FnMut(String, &Arc<Upstream>) -> Result<Arc<UpstreamRt>, String> + 'r;
@@ -34,67 +23,53 @@ const INLINE_TIMEOUT: Timeout = Timeout {
     read: 15.0,
 };
 
+/// Route `route`'s traffic-split targets (empty when its chain declares none). `route_timeout` is the route's own
+/// `timeout`, which wins over the picked upstream's, as APISIX's balancer options do.
 pub(super) fn compile(
-    routes: &[CompiledRoute],
-    res: &Resources,
+    route: &CompiledRoute,
+    route_timeout: Option<Timeout>,
     shared_ups: &AHashMap<&str, Arc<UpstreamRt>>,
     runtime: &mut Runtime<'_>,
-) -> Result<Splits, String> {
-    let mut out = AHashMap::new();
-    let mut by_id: Option<AHashMap<&str, Option<Timeout>>> = None;
-    for (idx, route) in routes.iter().enumerate() {
-        let Some(chain) = route.plugins.as_deref() else {
-            continue;
-        };
-        let ups = chain.upstreams();
-        if ups.is_empty() {
-            continue;
-        }
-        let ctx = |e: String| format!("route {}: {e}", route.id);
-        // The route's own `timeout` wins over the picked upstream's, as APISIX's balancer options do.
-        let route_timeout = by_id
-            .get_or_insert_with(|| {
-                res.routes
-                    .iter()
-                    .map(|r| (r.id.0.as_str(), r.timeout))
-                    .collect()
-            })
-            .get(&*route.id)
-            .copied()
-            .flatten();
-        let mut targets = Vec::with_capacity(ups.len());
-        for (i, u) in ups.iter().enumerate() {
-            let (upstream, fallback) = match u {
-                // A deleted (`?force=true`) upstream: that pick answers 502, as APISIX's `handle_upstream`.
-                PluginUpstream::Id(id) => (
-                    match shared_ups.get(id.as_str()) {
-                        Some(u) => u.clone(),
-                        None => Arc::new(UpstreamRt::missing(id)),
-                    },
-                    Timeout::default(),
-                ),
-                PluginUpstream::Inline(u) => (
-                    runtime(format!("s:{}:{i}", route.id), u)
-                        .map_err(|e| ctx(format!("traffic-split upstream: {e}")))?,
-                    INLINE_TIMEOUT,
-                ),
-            };
-            let timeouts = route_timeout
-                .map(Timeouts::from)
-                .or(upstream.timeouts)
-                .unwrap_or_else(|| fallback.into());
-            targets.push(CompiledRoute {
-                id: route.id.clone(),
-                service: route.service.clone(),
-                upstream,
-                timeouts,
-                plugins: route.plugins.clone(),
-                websocket: route.websocket,
-                inline: false,
-                dangling: None,
-            });
-        }
-        out.insert(idx as u32, targets.into_boxed_slice());
+) -> Result<Box<[CompiledRoute]>, String> {
+    let Some(chain) = route.plugins.as_deref() else {
+        return Ok(Box::new([]));
+    };
+    let ups = chain.upstreams();
+    if ups.is_empty() {
+        return Ok(Box::new([]));
     }
-    Ok(Splits(out))
+    let ctx = |e: String| format!("route {}: {e}", route.id);
+    let mut targets = Vec::with_capacity(ups.len());
+    for (i, u) in ups.iter().enumerate() {
+        let (upstream, fallback) = match u {
+            // A deleted (`?force=true`) upstream: that pick answers 502, as APISIX's `handle_upstream`.
+            PluginUpstream::Id(id) => (
+                match shared_ups.get(id.as_str()) {
+                    Some(u) => u.clone(),
+                    None => Arc::new(UpstreamRt::missing(id)),
+                },
+                Timeout::default(),
+            ),
+            PluginUpstream::Inline(u) => (
+                runtime(format!("s:{}:{i}", route.id), u)
+                    .map_err(|e| ctx(format!("traffic-split upstream: {e}")))?,
+                INLINE_TIMEOUT,
+            ),
+        };
+        let timeouts = route_timeout
+            .map(Timeouts::from)
+            .or(upstream.timeouts)
+            .unwrap_or_else(|| fallback.into());
+        targets.push(CompiledRoute {
+            id: route.id.clone(),
+            service: route.service.clone(),
+            upstream,
+            timeouts,
+            plugins: route.plugins.clone(),
+            websocket: route.websocket,
+            inline: false,
+            dangling: None,
+        });
+    }
+    Ok(targets.into_boxed_slice())
 }

@@ -93,9 +93,48 @@ pub fn patch_is_local(key: &str) -> bool {
     })
 }
 
+/// The sorted vectors [`patch`] edits: `Vec` for the small kinds, the persistent vector of routes.
+trait Sorted<A> {
+    fn find(&self, f: impl FnMut(&A) -> std::cmp::Ordering) -> Result<usize, usize>;
+    fn put(&mut self, at: Result<usize, usize>, v: A);
+    fn take(&mut self, i: usize);
+}
+
+impl<A> Sorted<A> for Vec<A> {
+    fn find(&self, f: impl FnMut(&A) -> std::cmp::Ordering) -> Result<usize, usize> {
+        self.binary_search_by(f)
+    }
+    fn put(&mut self, at: Result<usize, usize>, v: A) {
+        match at {
+            Ok(i) => self[i] = v,
+            Err(i) => self.insert(i, v),
+        }
+    }
+    fn take(&mut self, i: usize) {
+        self.remove(i);
+    }
+}
+
+impl<A: Clone> Sorted<A> for imbl::Vector<A> {
+    fn find(&self, f: impl FnMut(&A) -> std::cmp::Ordering) -> Result<usize, usize> {
+        self.binary_search_by(f)
+    }
+    fn put(&mut self, at: Result<usize, usize>, v: A) {
+        match at {
+            Ok(i) => {
+                self.set(i, v);
+            }
+            Err(i) => self.insert(i, v),
+        }
+    }
+    fn take(&mut self, i: usize) {
+        self.remove(i);
+    }
+}
+
 /// Replaces, inserts or removes the element `id` of a vector kept sorted by id.
 fn patch<T: DeserializeOwned, A: From<T>>(
-    out: &mut Vec<A>,
+    out: &mut impl Sorted<A>,
     next: &Snapshot,
     key: &str,
     id: &str,
@@ -103,7 +142,7 @@ fn patch<T: DeserializeOwned, A: From<T>>(
     get_id: impl Fn(&A) -> &str,
     set_id: impl Fn(&mut T, Id),
 ) {
-    let at = out.binary_search_by(|x| get_id(x).cmp(id));
+    let at = out.find(|x| get_id(x).cmp(id));
     let value = next
         .get(key)
         .and_then(|e| match T::deserialize(&*de.decrypted(key, &e.value)) {
@@ -117,11 +156,8 @@ fn patch<T: DeserializeOwned, A: From<T>>(
             }
         });
     match (at, value) {
-        (Ok(i), Some(v)) => out[i] = v,
-        (Err(i), Some(v)) => out.insert(i, v),
-        (Ok(i), None) => {
-            out.remove(i);
-        }
+        (at, Some(v)) => out.put(at, v),
+        (Ok(i), None) => out.take(i),
         (Err(_), None) => {}
     }
 }

@@ -41,7 +41,7 @@ fn base() -> serde_json::Value {
 }
 
 fn chain(s: &Snapshot, id: &str) -> Arc<sluice_plugins::Chain> {
-    let r = s.routes.iter().find(|r| &*r.id == id).expect("route");
+    let r = s.routes().find(|r| &*r.id == id).expect("route");
     r.plugins.clone().expect("chain")
 }
 
@@ -70,7 +70,7 @@ fn unchanged_routes_keep_their_compile_and_changed_ones_recompile() {
         a.remove(0);
     }
     let s2 = Snapshot::compile_next(&res(v2.clone()), 3, &shared, Some(&s1)).expect("compile");
-    let ids: Vec<&str> = s2.routes.iter().map(|r| &*r.id).collect();
+    let ids: Vec<&str> = s2.routes().map(|r| &*r.id).collect();
     assert_eq!(ids, ["2", "3", "4"]);
     assert!(same(&s1, &s2, "2") && same(&s1, &s2, "3"));
 
@@ -81,7 +81,7 @@ fn unchanged_routes_keep_their_compile_and_changed_ones_recompile() {
     let s3 = Snapshot::compile_next(&res(v3.clone()), 4, &shared, Some(&s2)).expect("compile");
     assert!(same(&s2, &s3, "2"));
     assert!(!same(&s2, &s3, "3") && !same(&s2, &s3, "4"));
-    let r4 = s3.routes.iter().find(|r| &*r.id == "4").expect("route 4");
+    let r4 = s3.routes().find(|r| &*r.id == "4").expect("route 4");
     assert_eq!(r4.upstream.nodes[0].addr.port(), 1984);
 
     // Consumers are part of every chain's environment: any change there recompiles everything.
@@ -105,20 +105,14 @@ fn other_plugin_state_or_errors_never_reuse() {
     let mut v2 = v0.clone();
     v2["services"] = json!([]);
     let s2 = Snapshot::compile_next(&res(v2), 3, &shared, Some(&s0)).expect("compile");
-    let dangling = |s: &Snapshot, id: &str| {
-        s.routes
-            .iter()
-            .find(|r| &*r.id == id)
-            .expect("route")
-            .dangling
-    };
+    let dangling =
+        |s: &Snapshot, id: &str| s.routes().find(|r| &*r.id == id).expect("route").dangling;
     assert_eq!(dangling(&s2, "3"), Some(404));
     assert_eq!(dangling(&s2, "1"), None);
     let s3 = Snapshot::compile_next(&res(v0), 4, &shared, Some(&s2)).expect("compile");
     assert_eq!(dangling(&s3, "3"), None);
     assert_eq!(
-        s3.routes
-            .iter()
+        s3.routes()
             .find(|r| &*r.id == "3")
             .expect("route")
             .upstream
@@ -147,12 +141,7 @@ fn prepare_validates_fresh_routes_and_finish_builds_the_router() {
     let p = Snapshot::prepare_next(&res(good.clone()), 2, &shared, Some(&s0)).expect("prepare");
     let s = p.finish().expect("finish");
     let full = Snapshot::compile_with(&res(good), 2, &Shared::default()).expect("compile");
-    let ids = |s: &Snapshot| {
-        s.routes
-            .iter()
-            .map(|r| r.id.to_string())
-            .collect::<Vec<_>>()
-    };
+    let ids = |s: &Snapshot| s.routes().map(|r| r.id.to_string()).collect::<Vec<_>>();
     assert_eq!(ids(&s), ids(&full));
     assert_eq!(s.router.len(), 4);
 }
@@ -184,7 +173,7 @@ fn router_is_kept_when_no_route_matching_changes() {
     let s1 = Snapshot::compile_next(&res(v1.clone()), 2, &shared, Some(&s0)).expect("compile");
     assert!(Arc::ptr_eq(&s0.router, &s1.router));
     assert!(same(&s0, &s1, "1"));
-    let r2 = s1.routes.iter().find(|r| &*r.id == "2").expect("route 2");
+    let r2 = s1.routes().find(|r| &*r.id == "2").expect("route 2");
     assert_eq!(r2.upstream.nodes[0].addr.port(), 1985);
     // Its uri changes: a new router, which routes the new uri and no longer the old one.
     let mut v2 = v1.clone();
@@ -304,5 +293,188 @@ fn successive_compiles_route_like_full_compiles() {
             }
             prev = next;
         }
+    }
+}
+
+fn arc_route(v: serde_json::Value) -> Arc<sluice_model::Route> {
+    Arc::new(serde_json::from_value(v).expect("route"))
+}
+
+/// The Admin API's writes: each configuration is the previous one with a few routes added, replaced or removed in
+/// place (the other `Arc`s shared), so the successor is compiled route by route. Every step must route every probe
+/// exactly as a compile from scratch does, the same when something besides routes changes (the full compile from
+/// the previous snapshot), and keep the previous router when no route's matching changed.
+#[test]
+fn per_route_successors_route_like_full_compiles() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(18);
+    let uris = ["/a", "/a/*", "/b", "/b/:id", "/*", "/a/b"];
+    let mk = |rng: &mut rand::rngs::StdRng, id: u32| {
+        let mut r = json!({"id": format!("{id:05}"), "uri": uris[rng.gen_range(0..uris.len())],
+            "priority": rng.gen_range(0..2),
+            "upstream": {"type": "roundrobin", "nodes": {format!("127.0.0.1:{}", 2000 + rng.gen_range(0..3)): 1}}});
+        if rng.gen_bool(0.2) {
+            r["host"] = json!("x.test");
+        }
+        if rng.gen_bool(0.1) {
+            r["status"] = json!(0);
+        }
+        r
+    };
+    let probes = ["/a", "/a/x", "/a/b", "/b", "/b/7", "/", "/zz"];
+    let shared = Shared::default();
+    for round in 0..12 {
+        let mut res = Resources::default();
+        for i in 0..rng.gen_range(1..40) {
+            res.routes.push_back(arc_route(mk(&mut rng, i * 10)));
+        }
+        let mut prev = Snapshot::compile_with(&res, 1, &shared).expect("compile");
+        let mut next_id = 1000;
+        for step in 0..40 {
+            let n = res.routes.len();
+            let i = rng.gen_range(0..n);
+            // Several inserts in a row at one place use up the room between two orders (renumbered then).
+            let matching = match rng.gen_range(0..6) {
+                0 | 1 => {
+                    next_id += 1;
+                    res.routes.insert(i, arc_route(mk(&mut rng, next_id)));
+                    true
+                }
+                2 if n > 1 => {
+                    res.routes.remove(i);
+                    true
+                }
+                3 => {
+                    let mut r = mk(&mut rng, 0);
+                    r["id"] = json!(res.routes[i].id.0.clone());
+                    res.routes.set(i, arc_route(r));
+                    true
+                }
+                _ => {
+                    let mut r = serde_json::to_value(&*res.routes[i]).expect("json");
+                    r["upstream"]["nodes"] =
+                        json!({format!("127.0.0.1:{}", 2000 + rng.gen_range(0..3)): 1});
+                    res.routes.set(i, arc_route(r));
+                    false
+                }
+            };
+            let next = Snapshot::compile_next(&res, 2, &shared, Some(&prev)).expect("compile");
+            let full = Snapshot::compile_with(&res, 2, &Shared::default()).expect("compile");
+            // Something else changes too: the full compile, from the previous snapshot.
+            let mut other = res.clone();
+            other.consumers = serde_json::from_value(
+                json!([{"username": format!("c{step}"), "plugins": {"key-auth": {"key": "k"}}}]),
+            )
+            .expect("consumers");
+            let slow = Snapshot::compile_next(&other, 2, &shared, Some(&prev)).expect("compile");
+            if !matching {
+                assert!(
+                    Arc::ptr_eq(&prev.router, &next.router),
+                    "round {round} step {step}"
+                );
+            }
+            assert_eq!(next.route_count(), full.route_count());
+            for host in [None, Some("x.test")] {
+                for p in probes {
+                    let want = routed(&full, host, p);
+                    assert_eq!(
+                        routed(&next, host, p),
+                        want,
+                        "round {round} step {step} {host:?} {p}"
+                    );
+                    assert_eq!(
+                        routed(&slow, host, p),
+                        want,
+                        "full, round {round} step {step} {host:?} {p}"
+                    );
+                }
+            }
+            // Continue from either (`slow` was compiled from `other`'s configuration).
+            prev = if rng.gen_bool(0.3) {
+                res = other;
+                slow
+            } else {
+                next
+            };
+        }
+    }
+}
+
+/// Ties between routes of the same uri and priority go to the one first in the configuration, also after routes
+/// were added before it one by one (each taking an order between its neighbours' until there is no room left).
+#[test]
+fn routes_added_in_front_win_ties_in_configuration_order() {
+    let shared = Shared::default();
+    let mut res = Resources::default();
+    let r = |id: String| {
+        arc_route(json!({"id": id, "uri": "/x",
+            "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1}}}))
+    };
+    res.routes.push_back(r("first".into()));
+    res.routes.push_back(r("last".into()));
+    let mut s = Snapshot::compile_with(&res, 1, &shared).expect("compile");
+    for i in 0..40 {
+        // Always between the two: just before "last".
+        let at = res.routes.len() - 1;
+        res.routes.insert(at, r(format!("m{i:02}")));
+        s = Snapshot::compile_next(&res, 2, &shared, Some(&s)).expect("compile");
+        assert_eq!(routed(&s, None, "/x").as_deref(), Some("first"));
+        // Remove "first" on a copy: the winner is then the earliest of the added ones.
+        let mut without = res.clone();
+        without.routes.remove(0);
+        let w = Snapshot::compile_next(&without, 3, &shared, Some(&s)).expect("compile");
+        assert_eq!(routed(&w, None, "/x").as_deref(), Some("m00"), "after {i}");
+        // And the newest one in front of everything wins.
+        let mut front = res.clone();
+        front.routes.push_front(r("zfront".into()));
+        let f = Snapshot::compile_next(&front, 3, &shared, Some(&s)).expect("compile");
+        assert_eq!(
+            routed(&f, None, "/x").as_deref(),
+            Some("zfront"),
+            "after {i}"
+        );
+    }
+    assert_eq!(s.route_count(), 42);
+}
+
+/// The shared prefix and suffix of two route vectors, counted over their leaves, equal a route-by-route count
+/// whatever edits split or merged the leaves.
+#[test]
+fn shared_runs_match_a_route_by_route_count() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mk = |i: usize| arc_route(json!({"id": i.to_string(), "uri": "/x"}));
+    for _ in 0..60 {
+        let a: imbl::Vector<_> = (0..rng.gen_range(0..600)).map(mk).collect();
+        let mut b = a.clone();
+        for _ in 0..rng.gen_range(0..4) {
+            let n = b.len();
+            match rng.gen_range(0..3) {
+                0 => b.insert(rng.gen_range(0..=n), mk(9999)),
+                1 if n > 0 => {
+                    b.remove(rng.gen_range(0..n));
+                }
+                _ if n > 0 => {
+                    b.set(rng.gen_range(0..n), mk(7777));
+                }
+                _ => {}
+            }
+        }
+        let want_prefix = a
+            .iter()
+            .zip(b.iter())
+            .take_while(|(x, y)| Arc::ptr_eq(x, y))
+            .count();
+        let room = a.len().min(b.len()) - want_prefix;
+        let want_suffix = a
+            .iter()
+            .rev()
+            .zip(b.iter().rev())
+            .take(room)
+            .take_while(|(x, y)| Arc::ptr_eq(x, y))
+            .count();
+        let prefix = super::super::shared_run(a.leaves(), b.leaves(), usize::MAX, false);
+        let suffix = super::super::shared_run(a.leaves().rev(), b.leaves().rev(), room, true);
+        assert_eq!((prefix, suffix), (want_prefix, want_suffix));
     }
 }
