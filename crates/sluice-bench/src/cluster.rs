@@ -707,7 +707,7 @@ fn phase(
                 .collect();
             for w in writers {
                 for us in w.join().unwrap_or_default() {
-                    let _ = answered.record(us.max(1));
+                    let _ = answered.record(us.max(1) * 1000);
                 }
             }
             seq = next_seq.load(Ordering::Relaxed).max(base);
@@ -721,14 +721,14 @@ fn phase(
                 probes[i] = count;
                 lost += lost_here;
                 for (sq, us) in done {
-                    let _ = per_node[i].record(us.max(1));
+                    let _ = per_node[i].record(us.max(1) * 1000);
                     let e = served.entry(sq).or_insert((0, 0));
                     *e = (e.0.max(us), e.1 + 1);
                 }
             }
             for (us, nodes) in served.values() {
                 if *nodes == n {
-                    let _ = all_nodes.record((*us).max(1));
+                    let _ = all_nodes.record((*us).max(1) * 1000);
                 }
             }
             if let Some(h) = compactor {
