@@ -12,6 +12,7 @@
 # CALLGRIND=1: instead of CPU time, user-space instructions per connection / per MiB, both proxies under valgrind's
 # callgrind (counters zeroed after the warm-up, dumped after the run; N=2000, C=2, MB=16, one round by default).
 # Instruction counts do not move with other load on the machine; kernel work (the loopback floor) is not in them.
+# Each measured dump is kept as OUTDIR/<proxy>-<mode>.callgrind for callgrind_annotate.
 #
 # Needs: a release build (cargo build --release -p sluice), haproxy, python3 (valgrind for CALLGRIND=1).
 # Both proxies run pinned to the CPU(s) PIN (taskset list; default: the last CPU; PIN=none: not pinned), the client
@@ -141,6 +142,8 @@ measure() { # name pid port mode -> prints "us per unit"
     local units=$N; [ "$mode" = bulk ] && units=$((C * MB))
     awk -v ir="$(irs "$pid")" -v u="$units" -v n="$name" -v m="$mode" \
       'BEGIN { printf "%-8s %-6s %14d Ir  %12.0f instructions/%s\n", n, m, ir, ir/u, (m=="short"?"conn":"MiB") }'
+    # Kept for callgrind_annotate (OUTDIR/<proxy>-<mode>.callgrind).
+    cp "$(ls -t "$OUT"/cg."$pid".out.* | head -1)" "$OUT/$name-$mode.callgrind"
     return
   fi
   t0=$(ticks "$pid"); w0=$(date +%s.%N)
