@@ -28,6 +28,7 @@ use sluice_plugins::stream::StreamChain;
 
 use crate::snapshot::UpstreamRt;
 
+mod copy;
 pub mod log;
 pub(crate) mod sni;
 pub(crate) mod tcp;

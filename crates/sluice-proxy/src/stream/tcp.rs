@@ -359,7 +359,7 @@ where
         bytes: read.1,
         live: live.1,
     };
-    let copy = tokio::io::copy_bidirectional_with_sizes(&mut ta, &mut tb, BUF, BUF);
+    let copy = super::copy::bidirectional(&mut ta, &mut tb, BUF);
     let watchdog = async {
         let step = (idle / 8).max(Duration::from_millis(1));
         let (mut seen, mut quiet) = (moved.get(), Duration::ZERO);
