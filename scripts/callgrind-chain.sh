@@ -4,12 +4,14 @@
 # one worker, a 1 KiB mock on 127.0.0.1:1980, a warm-up, then a counted load of 8 keep-alive connections; access log
 # off in both (nginx `access_log off`, Sluice `enable_access_log: false`).
 # Needs: a release build (make build), valgrind, h2load (nghttp2-client) or wrk, nginx, curl.
-# Usage: [CLIENT=h2load|wrk] [SPREAD=N] scripts/callgrind-chain.sh [OUTDIR]
+# Usage: [CLIENT=h2load|wrk] [SPREAD=N] [WARM=S] scripts/callgrind-chain.sh [OUTDIR]
 #   CLIENT=h2load (default): `h2load --h1 -n 20000 -c 8` after 2,000 warm-up requests.
-#   CLIENT=wrk: `wrk -t1 -c8 -d${SECS:-15}s` after a 2 s warm-up; requests = wrk's own count (wrk sends only Host
-#     and the one extra header, so its heads differ from h2load's).
+#   CLIENT=wrk: `wrk -t1 -c8 -d${SECS:-15}s` after a ${WARM:-2} s warm-up; requests = wrk's own count (wrk sends
+#     only Host and the one extra header, so its heads differ from h2load's).
 #   SPREAD=N (wrk only; e.g. 100): N routes /r/0../r/N-1 and N consumers; the plugin run spreads requests over
-#     every route and every key (a wrk Lua script), the no-plugin and nginx runs over every path.
+#     every route and every key (a wrk Lua script), the no-plugin and nginx runs over every path. Under valgrind
+#     the default 2 s warm-up sends fewer than N x N requests at N=100, so the counted run still meets label sets
+#     prometheus has not seen (each a registry insert); WARM=8 covers a whole lap first (steady state).
 set -euo pipefail
 B=${SLUICE_BIN:-$(pwd)/target/release/sluice}
 OUT=${1:-/tmp/sluice-callgrind}
@@ -17,6 +19,7 @@ N=20000
 CLIENT=${CLIENT:-h2load}
 SPREAD=${SPREAD:-0}
 SECS=${SECS:-15}
+WARM=${WARM:-2}
 if [ "$SPREAD" -gt 0 ] && [ "$CLIENT" != wrk ]; then echo "SPREAD needs CLIENT=wrk" >&2; exit 2; fi
 rm -rf "$OUT"; mkdir -p "$OUT"
 "$B" mock --listen 127.0.0.1:1980 --body-size 1024 > "$OUT/mock.log" 2>&1 & mock=$!
@@ -39,7 +42,7 @@ EOL
 load() { # port header phase(warm|run) [keys]
   local port=$1 hdr=$2 phase=$3 keys=${4:-}
   if [ "$CLIENT" = wrk ]; then
-    local d=$SECS; [ "$phase" = warm ] && d=2
+    local d=$SECS; [ "$phase" = warm ] && d=$WARM
     if [ "$SPREAD" -gt 0 ]; then
       wrk -t1 -c8 -d"${d}s" -s "$OUT/spread.lua" "http://127.0.0.1:$port/" -- $keys
     else

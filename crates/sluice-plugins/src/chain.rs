@@ -186,6 +186,8 @@ struct Slot {
     plugin: Arc<dyn Plugin>,
     name: &'static str,
     priority: i32,
+    /// `plugin.phases()`, read once at compile time (the chain walks ask per slot and phase on every request).
+    phases: PhaseMask,
     /// `_meta.filter`: the plugin runs only for requests matching it.
     filter: Option<Expr>,
     /// `_meta.error_response`: replaces the body of any response this plugin answers with.
@@ -280,6 +282,7 @@ impl Chain {
                     .map_err(|e| format!("plugin {name}: {e}"))?;
             }
             slots.push(Slot {
+                phases: plugin.phases(),
                 plugin,
                 name: entry.name,
                 priority,
@@ -294,7 +297,7 @@ impl Chain {
         slots.sort_by_key(|s| std::cmp::Reverse(s.priority));
         let mut mask = slots
             .iter()
-            .fold(PhaseMask::default(), |m, s| m.union(s.plugin.phases()));
+            .fold(PhaseMask::default(), |m, s| m.union(s.phases));
         if capture.is_some() {
             // The body passes the filters (unchanged) so the log phase can have it.
             mask = mask.union(PhaseMask::of(&[Phase::BodyFilter]));
@@ -396,7 +399,7 @@ impl Chain {
         if self.mask.has(Phase::Rewrite) {
             for s in &self.slots {
                 pos += 1;
-                if pos <= resume || !s.plugin.phases().has(Phase::Rewrite) || !s.applies(ctx) {
+                if pos <= resume || !s.phases.has(Phase::Rewrite) || !s.applies(ctx) {
                     continue;
                 }
                 if let Flow::Respond(r) = s.plugin.rewrite(ctx) {
@@ -419,7 +422,7 @@ impl Chain {
         if let Some(c) = &consumer {
             for s in &c.slots {
                 pos += 1;
-                if pos <= resume || !s.plugin.phases().has(Phase::Rewrite) || !s.applies(ctx) {
+                if pos <= resume || !s.phases.has(Phase::Rewrite) || !s.applies(ctx) {
                     continue;
                 }
                 if let Flow::Respond(r) = s.plugin.rewrite(ctx) {
@@ -446,7 +449,7 @@ impl Chain {
             let mut out = None;
             merged(&self.slots, consumer.as_deref(), |s| {
                 pos += 1;
-                if pos <= resume || !s.plugin.phases().has(phase) || !s.applies(ctx) {
+                if pos <= resume || !s.phases.has(phase) || !s.applies(ctx) {
                     return true;
                 }
                 if let Flow::Respond(r) = call(s.plugin.as_ref(), ctx) {
@@ -493,7 +496,7 @@ impl Chain {
             return;
         };
         merged(&self.slots, consumer.as_deref(), |s| {
-            if s.plugin.phases().has(phase) && s.applies(ctx) {
+            if s.phases.has(phase) && s.applies(ctx) {
                 f(s.plugin.as_ref(), ctx);
             }
             true
@@ -511,9 +514,10 @@ impl Chain {
         // A logger's capture (`include_resp_body`) needs the body whatever the plugins answer.
         self.mask.has(Phase::BodyFilter)
             && (self.capture.is_some()
-                || self.slots.iter().any(|s| {
-                    s.plugin.phases().has(Phase::BodyFilter) && s.plugin.filters_body(ctx)
-                }))
+                || self
+                    .slots
+                    .iter()
+                    .any(|s| s.phases.has(Phase::BodyFilter) && s.plugin.filters_body(ctx)))
     }
 
     /// Runs body_filter over one piece of the response body (see [`crate::filters::body_filters`]).
@@ -530,7 +534,7 @@ impl Chain {
             return;
         };
         merged(&self.slots, consumer.as_deref(), |s| {
-            if s.plugin.phases().has(Phase::Log) && s.applies(ctx) && !skip(s.name) {
+            if s.phases.has(Phase::Log) && s.applies(ctx) && !skip(s.name) {
                 s.plugin.log(ctx, info);
             }
             true

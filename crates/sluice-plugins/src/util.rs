@@ -321,14 +321,15 @@ const fn small_table() -> ([u8; SMALL_LEN], [u16; SMALL_MAX + 2]) {
 static SMALL: ([u8; SMALL_LEN], [u16; SMALL_MAX + 2]) = small_table();
 
 /// `n` in decimal as a header value: up to 3600 a static slice (no allocation, no reference count), above it
-/// std's integer formatting and one allocation.
+/// `itoa`'s digits and one allocation (no formatter).
 pub(crate) fn decimal(n: u64) -> Bytes {
     if n <= SMALL_MAX as u64 {
         let (text, ends) = &SMALL;
         let i = n as usize;
         return Bytes::from_static(&text[usize::from(ends[i])..usize::from(ends[i + 1])]);
     }
-    Bytes::from(n.to_string())
+    // itoa's digit-pair table: no formatter machinery, one exact allocation.
+    Bytes::copy_from_slice(itoa::Buffer::new().format(n).as_bytes())
 }
 
 #[cfg(test)]

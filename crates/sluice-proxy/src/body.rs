@@ -2,8 +2,9 @@
 //!
 //! Input framing (length, chunked, read-to-close) is decoded; output framing is written fresh (length bodies pass
 //! as they are, chunked is re-chunked, so malformed chunk framing can never leak through). Output is gathered in
-//! `out` and flushed before each read, so a small head plus a small body leave in one write. [`filtered`] is the
-//! separate path for responses plugins filter (body_filter, gzip); [`Copy`] stays the zero-copy one.
+//! `out` and flushed before each read, so a small head plus a small body leave in one write (a length body's
+//! piece of 512 bytes or more is not copied behind the head: both leave in one vectored write). [`filtered`] is
+//! the separate path for responses plugins filter (body_filter, gzip); [`Copy`] stays the zero-copy one.
 
 use std::time::Duration;
 
@@ -26,6 +27,9 @@ pub(crate) enum BodyError {
 /// Bytes this large are written straight from the read buffer instead of being copied into `out`.
 const DIRECT_WRITE: usize = 16 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
+/// A length body's piece this large leaves with what `out` holds (the head) in one vectored write instead of
+/// being copied behind it: the same single write, without copying the piece.
+const VECTORED_MIN: usize = 512;
 
 pub(crate) struct Copy<'a> {
     pub input: BodyKind,
@@ -68,6 +72,37 @@ pub(crate) async fn flush<W: AsyncWrite + Unpin>(
         return Ok(());
     }
     let r = timeout_lazy(t, dst.write_all(out)).await;
+    out.clear();
+    match r {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(BodyError::Sink(e.to_string())),
+        Err(_) => Err(BodyError::SinkTimeout),
+    }
+}
+
+/// Writes `out` then `data` with vectored writes (partial writes resumed), then clears `out`.
+async fn write_pair<W: AsyncWrite + Unpin>(
+    dst: &mut W,
+    out: &mut BytesMut,
+    data: &[u8],
+    t: Duration,
+) -> Result<(), BodyError> {
+    let r = timeout_lazy(t, async {
+        let (mut a, mut b) = (&out[..], data);
+        while !a.is_empty() || !b.is_empty() {
+            let n = dst
+                .write_vectored(&[std::io::IoSlice::new(a), std::io::IoSlice::new(b)])
+                .await?;
+            if n == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::WriteZero));
+            }
+            let in_a = n.min(a.len());
+            a = &a[in_a..];
+            b = b.get(n - in_a..).unwrap_or_default();
+        }
+        Ok(())
+    })
+    .await;
     out.clear();
     match r {
         Ok(Ok(())) => Ok(()),
@@ -131,7 +166,11 @@ impl Copy<'_> {
                     }
                     let take = (left.min(sbuf.len() as u64)) as usize;
                     let data = sbuf.split_to(take);
-                    emit(dst, out, &data, chunked_out, write_timeout).await?;
+                    if !chunked_out && data.len() >= VECTORED_MIN && dst.is_write_vectored() {
+                        write_pair(dst, out, &data, write_timeout).await?;
+                    } else {
+                        emit(dst, out, &data, chunked_out, write_timeout).await?;
+                    }
                     left -= take as u64;
                     total += take as u64;
                 }
@@ -602,4 +641,84 @@ pub(crate) async fn linger<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, buf: &
         }
     }
     buf.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A sink that takes at most `max` bytes per write, vectored or not (a socket whose buffer is nearly full).
+    struct Trickle {
+        got: Vec<u8>,
+        max: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let n = buf.len().min(self.max);
+            self.got.extend_from_slice(&buf[..n]);
+            Poll::Ready(Ok(n))
+        }
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            let mut left = self.max;
+            let mut n = 0;
+            for b in bufs {
+                let take = b.len().min(left);
+                self.got.extend_from_slice(&b[..take]);
+                (left, n) = (left - take, n + take);
+            }
+            Poll::Ready(Ok(n))
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Head and body leave whole and in order whatever each write takes: writes that end inside the head, at its
+    /// end, and inside the body.
+    #[tokio::test]
+    async fn a_length_body_behind_a_head_survives_partial_vectored_writes() {
+        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 3000\r\n\r\n";
+        let body: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+        for max in [1, 7, head.len(), head.len() + 1, 1000, 4096] {
+            let mut src: &[u8] = &body;
+            let mut sbuf = BytesMut::from(&body[..]);
+            let mut out = BytesMut::from(&head[..]);
+            let mut dst = Trickle {
+                got: Vec::new(),
+                max,
+            };
+            let n = Copy {
+                input: BodyKind::Length(3000),
+                chunked_out: false,
+                read_timeout: Duration::from_secs(1),
+                write_timeout: Duration::from_secs(1),
+                max_bytes: 0,
+                out: &mut out,
+            }
+            .run(&mut src, &mut sbuf, &mut dst)
+            .await
+            .unwrap();
+            assert_eq!(n, 3000, "max {max}");
+            assert_eq!(&dst.got[..head.len()], &head[..], "max {max}");
+            assert!(dst.got[head.len()..] == body[..], "max {max}: body differs");
+            assert!(out.is_empty());
+        }
+    }
 }

@@ -124,6 +124,9 @@ struct Deadline {
     sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     /// The current wait's deadline (the timer's may be earlier).
     due: Option<tokio::time::Instant>,
+    /// The waker the timer last answered `Pending` to, cleared when the timer is reset. While it is this task's
+    /// and the timer has not fired, the timer holds that waker already: a new wait does not poll it again.
+    polled_by: Option<std::task::Waker>,
 }
 
 /// The wait outlived its timeout.
@@ -151,7 +154,10 @@ impl Deadline {
                 self.due = Some(due);
                 match &mut self.sleep {
                     Some(s) if s.deadline() <= due && !s.is_elapsed() => {}
-                    Some(s) => s.as_mut().reset(due),
+                    Some(s) => {
+                        s.as_mut().reset(due);
+                        self.polled_by = None;
+                    }
                     None => self.sleep = Some(Box::pin(tokio::time::sleep_until(due))),
                 }
             }
@@ -160,10 +166,26 @@ impl Deadline {
             };
             // At most twice: a timer that fired at an earlier deadline is moved to `due` and polled again.
             loop {
+                // Armed for this task (neither fired nor reset since it last answered Pending to this waker): its
+                // wake is registered, polling it again would only register the same waker.
+                if !s.is_elapsed()
+                    && self
+                        .polled_by
+                        .as_ref()
+                        .is_some_and(|w| w.will_wake(cx.waker()))
+                {
+                    return Poll::Pending;
+                }
                 match s.as_mut().poll(cx) {
-                    Poll::Pending => return Poll::Pending,
+                    Poll::Pending => {
+                        self.polled_by = Some(cx.waker().clone());
+                        return Poll::Pending;
+                    }
                     Poll::Ready(()) if s.deadline() >= due => return Poll::Ready(Err(TimedOut)),
-                    Poll::Ready(()) => s.as_mut().reset(due),
+                    Poll::Ready(()) => {
+                        s.as_mut().reset(due);
+                        self.polled_by = None;
+                    }
                 }
             }
         })

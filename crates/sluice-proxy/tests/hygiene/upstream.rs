@@ -109,3 +109,75 @@ fn unknown_upstream_type_loads_a_lone_node_serves_several_answer_500() {
     assert_eq!(status(&out), Some(200), "{}", String::from_utf8_lossy(&out));
     assert!(String::from_utf8_lossy(&out).ends_with("hello"));
 }
+
+/// A length body sent in pieces of 513 bytes to 15 KB (each leaves in one vectored write) to a client that reads
+/// late, so the gateway's writes come back partial: every byte arrives once and in order, and what the upstream
+/// sends past its Content-Length (a second response) never reaches the client. (A partial write that ends inside
+/// the head is `body::tests::a_length_body_behind_a_head_survives_partial_vectored_writes`.)
+#[test]
+fn length_body_in_pieces_to_a_late_reader_arrives_whole_and_alone() {
+    const LEN: usize = 6 << 20;
+    let body: Arc<Vec<u8>> = Arc::new(
+        (0..LEN as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+            .collect(),
+    );
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up = l.local_addr().unwrap();
+    let sent = body.clone();
+    std::thread::spawn(move || {
+        let Ok((mut c, _)) = l.accept() else { return };
+        let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            match c.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {LEN}\r\n\r\n");
+        if c.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        let (mut at, mut i) = (0, 0);
+        while at < LEN {
+            let n = [700, 3000, 9000, 513, 15000][i % 5].min(LEN - at);
+            if c.write_all(&sent[at..at + n]).is_err() {
+                return;
+            }
+            at += n;
+            i += 1;
+            if i % 16 == 0 {
+                std::thread::sleep(Duration::from_micros(300));
+            }
+        }
+        let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled");
+    });
+    let gw = Gw::start(
+        route_to(json!({up.to_string(): 1}), json!({"retries": 0})),
+        ProxyConfig::default(),
+    );
+    let mut c = TcpStream::connect(gw.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    // Not reading yet: the gateway fills the socket buffers and its writes come back partial.
+    std::thread::sleep(Duration::from_millis(400));
+    let mut out = Vec::new();
+    let mut chunk = vec![0u8; 65536];
+    loop {
+        match c.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let end = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4;
+    assert_eq!(status(&out), Some(200));
+    assert_eq!(out.len() - end, LEN, "body length");
+    assert!(out[end..] == body[..], "body bytes differ");
+}
