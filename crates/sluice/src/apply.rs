@@ -138,11 +138,16 @@ impl Applier {
             let vv = v.clone();
             // Discovered nodes changed: the same configuration compiled as the serving snapshot's successor.
             let next = match tokio::task::spawn_blocking(move || {
-                if fresh {
+                let r = if fresh {
                     me.compile_fresh(&vv).map(|s| (s, false))
                 } else {
                     me.next_snapshot(&vv)
+                };
+                // What the compile freed on this thread goes back to the OS (issue 16).
+                if t0.elapsed() >= crate::LARGE_APPLY {
+                    crate::release_memory();
                 }
+                r
             })
             .await
             {
@@ -154,6 +159,9 @@ impl Applier {
                     let routes = s.route_count();
                     self.gateway.publish(s);
                     applied.send_replace(v.revision);
+                    if t0.elapsed() >= crate::LARGE_APPLY {
+                        crate::release_memory_after_apply();
+                    }
                     tracing::info!(
                         revision = v.revision,
                         routes,
