@@ -84,6 +84,15 @@ impl Entry {
         Field(field).deserialize(&mut de).ok().flatten()
     }
 
+    /// The row the embedded store writes: what serializing the entry gives, without checking the text again.
+    pub fn to_row(&self) -> Vec<u8> {
+        format!(
+            r#"{{"value":{},"create_revision":{},"mod_revision":{}}}"#,
+            self.value, self.create_revision, self.mod_revision
+        )
+        .into_bytes()
+    }
+
     /// The stored value's compact JSON text.
     pub fn text(&self) -> &str {
         &self.value

@@ -211,6 +211,8 @@ fn an_entry_is_stored_as_before_and_kept_as_compact_text() {
         "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1}}}, "create_revision": 3, "mod_revision": 4}"#;
     let back: Entry = serde_json::from_str(old).unwrap();
     assert_eq!(back, e);
+    assert_eq!(e.to_row(), serde_json::to_vec(&e).unwrap());
+    assert_eq!(serde_json::from_slice::<Entry>(&e.to_row()).unwrap(), e);
     let compact = serde_json::to_vec(&e).unwrap();
     assert_eq!(serde_json::from_slice::<Entry>(&compact).unwrap(), e);
     // A string inside the value keeps its spaces and escapes.
