@@ -42,20 +42,47 @@ pub(crate) fn release_memory() {
 /// An apply that took this long changed enough (thousands of resources) for its freed peak to matter.
 pub(crate) const LARGE_APPLY: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// After a large apply, on the control runtime: [`release_memory`] now, and once more a little later for what
-/// the rest of the change frees after it was published (the Admin API request's body and ops, the previous
-/// snapshot once the last worker lets go of it). At most one later call is pending.
-pub(crate) fn release_memory_after_apply() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+/// After every apply, on the control runtime. A large one ([`LARGE_APPLY`]) releases at once; and once applies
+/// have been quiet for a moment, memory is released again, and a last time after the blocking pool's idle threads
+/// (which ran the compiles) have exited: what a change frees after it was published (the Admin API request's body
+/// and ops, the previous snapshot once the last worker lets go of it) and what writes leave behind goes back too,
+/// so RSS stays flat across writes. Off the request path; at most one quiet-period timer is pending.
+pub(crate) fn release_memory_after_apply(large: bool) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+    static APPLIES: AtomicU64 = AtomicU64::new(0);
     static PENDING: AtomicBool = AtomicBool::new(false);
-    release_memory();
-    if !PENDING.swap(true, Ordering::AcqRel) {
-        tokio::spawn(async {
-            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-            PENDING.store(false, Ordering::Release);
-            release_memory();
-        });
+    if large {
+        let t = Instant::now();
+        release_memory();
+        tracing::info!(
+            ms = t.elapsed().as_secs_f64() * 1e3,
+            "memory released after a large apply"
+        );
     }
+    APPLIES.fetch_add(1, Ordering::AcqRel);
+    if PENDING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    tokio::spawn(async {
+        loop {
+            let seen = APPLIES.load(Ordering::Acquire);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            if APPLIES.load(Ordering::Acquire) == seen {
+                break;
+            }
+        }
+        PENDING.store(false, Ordering::Release);
+        let t = Instant::now();
+        release_memory();
+        tracing::debug!(
+            ms = t.elapsed().as_secs_f64() * 1e3,
+            "memory released, applies quiet"
+        );
+        // tokio's blocking threads exit after 10 s idle; their pages are then the arenas' to purge.
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        release_memory();
+    });
 }
 
 #[derive(Parser)]
