@@ -138,16 +138,11 @@ impl Applier {
             let vv = v.clone();
             // Discovered nodes changed: the same configuration compiled as the serving snapshot's successor.
             let next = match tokio::task::spawn_blocking(move || {
-                let r = if fresh {
+                if fresh {
                     me.compile_fresh(&vv).map(|s| (s, false))
                 } else {
                     me.next_snapshot(&vv)
-                };
-                // What the compile freed on this thread goes back to the OS (issue 16).
-                if t0.elapsed() >= crate::LARGE_APPLY {
-                    crate::release_memory();
                 }
-                r
             })
             .await
             {

@@ -42,23 +42,21 @@ pub(crate) fn release_memory() {
 /// An apply that took this long changed enough (thousands of resources) for its freed peak to matter.
 pub(crate) const LARGE_APPLY: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// After every apply, on the control runtime. A large one ([`LARGE_APPLY`]) releases at once; and once applies
-/// have been quiet for a moment, memory is released again, and a last time after the blocking pool's idle threads
-/// (which ran the compiles) have exited: what a change frees after it was published (the Admin API request's body
-/// and ops, the previous snapshot once the last worker lets go of it) and what writes leave behind goes back too,
-/// so RSS stays flat across writes. Off the request path; at most one quiet-period timer is pending.
+/// After every apply, on the control runtime (never on a worker, never per request): once applies have been
+/// quiet for 250 ms, [`release_memory`] on a blocking thread (the Admin API keeps answering meanwhile), and once
+/// more 11 s later, after tokio's idle blocking threads (which ran the compiles) have exited and left their pages
+/// to the arenas. After a large apply ([`LARGE_APPLY`]: a bulk load, the first start at scale, a big revision) the
+/// quiet-period release also runs on the control thread itself, where the Admin API request's body, its ops and
+/// the store's previous view were freed (tens of milliseconds at 100k routes, once). So the load's peak goes back
+/// to the OS and RSS stays flat across writes. At most one quiet-period timer is pending.
 pub(crate) fn release_memory_after_apply(large: bool) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::time::{Duration, Instant};
     static APPLIES: AtomicU64 = AtomicU64::new(0);
     static PENDING: AtomicBool = AtomicBool::new(false);
+    static LARGE: AtomicBool = AtomicBool::new(false);
     if large {
-        let t = Instant::now();
-        release_memory();
-        tracing::info!(
-            ms = t.elapsed().as_secs_f64() * 1e3,
-            "memory released after a large apply"
-        );
+        LARGE.store(true, Ordering::Release);
     }
     APPLIES.fetch_add(1, Ordering::AcqRel);
     if PENDING.swap(true, Ordering::AcqRel) {
@@ -73,15 +71,25 @@ pub(crate) fn release_memory_after_apply(large: bool) {
             }
         }
         PENDING.store(false, Ordering::Release);
-        let t = Instant::now();
-        release_memory();
-        tracing::debug!(
-            ms = t.elapsed().as_secs_f64() * 1e3,
-            "memory released, applies quiet"
-        );
-        // tokio's blocking threads exit after 10 s idle; their pages are then the arenas' to purge.
+        if LARGE.swap(false, Ordering::AcqRel) {
+            let t = Instant::now();
+            release_memory();
+            tracing::info!(
+                ms = t.elapsed().as_secs_f64() * 1e3,
+                "memory released on the control thread after a large apply"
+            );
+        }
+        let _ = tokio::task::spawn_blocking(|| {
+            let t = Instant::now();
+            release_memory();
+            tracing::debug!(
+                ms = t.elapsed().as_secs_f64() * 1e3,
+                "memory released, applies quiet"
+            );
+        })
+        .await;
         tokio::time::sleep(Duration::from_secs(11)).await;
-        release_memory();
+        let _ = tokio::task::spawn_blocking(release_memory).await;
     });
 }
 
