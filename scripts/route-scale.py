@@ -6,6 +6,7 @@ Phases, each reported with the gateway's RSS (VmRSS from /proc, MiB):
   idle     the gateway started with an empty store
   load     N routes loaded: `--load yaml` seeds apisix.yaml on first start (timed to ready), `--load admin`
            sends them in one `PUT /apisix/admin/configs` (timed to its answer, and to `/r/<N>` being routed)
+  settled  RSS again 5 s after the load
   writes   W sequential `PUT /apisix/admin/routes/<id>?wait=applied` (each timed end to end by this client:
            median, p90, max), changing the upstream node weight (`--change upstream`) or the uri
            (`--change uri`) of existing routes spread over the id range, or adding new routes (`--change add`:
@@ -159,6 +160,10 @@ def main():
         print(f"load: {a.routes} routes via {a.load} in {summary['load_s']} s "
               f"(last route served after {summary.get('served_s', '-')} s; ready after {ready:.2f} s), "
               f"rss {summary['loaded_rss_mib']} MiB", flush=True)
+        # The gateway hands a large apply's freed peak back to the OS a moment after it (issue 16): RSS once settled.
+        time.sleep(4.0)
+        summary["settled_rss_mib"] = round(rss_mib(proc.pid), 1)
+        print(f"settled: rss {summary['settled_rss_mib']} MiB 5 s after the load", flush=True)
 
         def put(n, k):
             i = 1 + (n * 7919) % a.routes

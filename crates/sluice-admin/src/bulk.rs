@@ -241,14 +241,8 @@ async fn put(state: &AdminState, req: &Request<'_>) -> Answer {
         entries: Default::default(),
     };
     for it in &items {
-        cand.entries.insert(
-            it.key.clone(),
-            Entry {
-                value: it.value.clone(),
-                create_revision: 0,
-                mod_revision: 0,
-            },
-        );
+        cand.entries
+            .insert(it.key.clone(), Entry::new(&it.value, 0, 0));
     }
     let mut schemas: HashMap<&'static str, Value> = HashMap::new();
     let mut unique: HashMap<(&str, &str, String), (String, Option<String>)> = HashMap::new();
@@ -288,15 +282,13 @@ async fn put(state: &AdminState, req: &Request<'_>) -> Answer {
         let old = snap.get(&it.key);
         let mut value = Arc::unwrap_or_clone(it.value);
         de.encrypt(&it.key, &mut value);
-        if old.is_some_and(|o| same_but_times(&o.value, &value)) {
+        if old.is_some_and(|o| same_but_times(&o.value(), &value)) {
             unchanged += 1;
             continue;
         }
         if it.kind.name != "plugin_metadata" {
             if let Some(o) = value.as_object_mut() {
-                let create = old
-                    .and_then(|e| e.value.get("create_time").cloned())
-                    .unwrap_or(json!(ts));
+                let create = old.and_then(|e| e.get("create_time")).unwrap_or(json!(ts));
                 o.insert("create_time".into(), create);
                 o.insert("update_time".into(), json!(ts));
             }
@@ -503,7 +495,7 @@ fn get(state: &AdminState, role: Role, accept: Option<&str>) -> Answer {
         let Some(list) = sluice_store::api::KINDS.iter().find(|k| **k == kind) else {
             continue;
         };
-        let mut v = handlers::present(state, role, key, &e.value);
+        let mut v = handlers::present(state, role, key, &e.value());
         if let Some(o) = v.as_object_mut() {
             o.remove("create_time");
             o.remove("update_time");

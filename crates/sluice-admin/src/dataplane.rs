@@ -238,7 +238,7 @@ fn match_route(state: &AdminState, dp: &dyn DataPlane, req: &Req) -> Reply {
     let key = format!("routes/{}", m.route_id);
     let route = snap
         .get(&key)
-        .map(|e| present(state, req.role, &key, &e.value))
+        .map(|e| present(state, req.role, &key, &e.value()))
         .unwrap_or(Value::Null);
     // The upstream as configured: the route's own (inline or id), else its service's.
     let service = route
@@ -246,7 +246,8 @@ fn match_route(state: &AdminState, dp: &dyn DataPlane, req: &Req) -> Reply {
         .map(id_text)
         .and_then(|id| {
             let k = format!("services/{id}");
-            snap.get(&k).map(|e| present(state, req.role, &k, &e.value))
+            snap.get(&k)
+                .map(|e| present(state, req.role, &k, &e.value()))
         })
         .unwrap_or(Value::Null);
     let upstream = [&route, &service]

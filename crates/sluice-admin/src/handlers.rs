@@ -47,7 +47,7 @@ fn full_key(key: &str) -> String {
 }
 
 fn envelope(state: &AdminState, req: &Req, key: &str, e: &sluice_store::kv::Entry) -> Value {
-    let value = present(state, req.role, key, &e.value);
+    let value = present(state, req.role, key, &e.value());
     json!({"key": full_key(key), "value": value,
            "createdIndex": e.create_revision, "modifiedIndex": e.mod_revision})
 }
@@ -121,7 +121,7 @@ fn get(state: &AdminState, req: &Req, t: &Target) -> Reply {
         if depth != usize::from(t.kind.name == "secrets") {
             continue;
         }
-        let v = &e.value;
+        let v = &e.value();
         if let Some(re) = &name_re {
             if !v
                 .get("name")
@@ -248,9 +248,7 @@ async fn put(state: &AdminState, req: &Req, t: &Target, post: bool) -> Reply {
         // APISIX stamps every resource but plugin_metadata (`inject_conf_with_prev_conf` is skipped for it).
         if kind.name != "plugin_metadata" {
             let ts = now();
-            let create = old
-                .and_then(|e| e.value.get("create_time").cloned())
-                .unwrap_or(json!(ts));
+            let create = old.and_then(|e| e.get("create_time")).unwrap_or(json!(ts));
             conf.insert("create_time".into(), create);
             conf.insert("update_time".into(), json!(ts));
         }
@@ -366,7 +364,7 @@ async fn patch_once(
     };
     // Merge onto plain values (APISIX decrypts before merging too), so kept secrets are not encrypted twice.
     let de = state.store.data_encryption();
-    let mut value = (*old.value).clone();
+    let mut value = old.value();
     de.decrypt(&key, &mut value);
     if t.sub_path.is_empty() {
         patch::merge(&mut value, body);
@@ -377,10 +375,10 @@ async fn patch_once(
         // The id cannot be patched away or changed.
         o.insert(
             kind.id_field.into(),
-            old.value.get(kind.id_field).cloned().unwrap_or(json!(id)),
+            old.get(kind.id_field).unwrap_or(json!(id)),
         );
-        if let Some(c) = old.value.get("create_time") {
-            o.insert("create_time".into(), c.clone());
+        if let Some(c) = old.get("create_time") {
+            o.insert("create_time".into(), c);
         }
         let explicit = t.sub_path.is_empty() && body.get("update_time").is_some();
         if !explicit {

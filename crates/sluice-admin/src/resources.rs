@@ -363,7 +363,7 @@ fn check_stream_route(conf: &Value, snap: &Snapshot) -> Result<(), String> {
             .and_then(Value::as_str)
             .map(str::to_owned)
     };
-    match (name(&e.value), name(conf)) {
+    match (name(&e.value()), name(conf)) {
         (Some(theirs), Some(ours)) if theirs != ours => Err(format!(
             "protocol mismatch: subordinate protocol [{ours}] does not match superior protocol [{theirs}]"
         )),
@@ -383,10 +383,10 @@ fn compile_proto(conf: &Value, snap: &Snapshot) -> Result<(), String> {
         .unwrap_or_else(|| "proto".into());
     let resolver = |import: &str| {
         snap.list("protos")
-            .find(|(_, e)| e.value.get("name").and_then(Value::as_str) == Some(import))
+            .find(|(_, e)| e.get("name").as_ref().and_then(Value::as_str) == Some(import))
             .and_then(|(_, e)| {
-                e.value
-                    .get("content")
+                e.get("content")
+                    .as_ref()
                     .and_then(Value::as_str)
                     .map(str::to_owned)
             })
@@ -441,7 +441,8 @@ pub(crate) fn duplicate_key(
             if is_self {
                 continue;
             }
-            let v = de.decrypted(key, &e.value);
+            let v = e.value();
+            let v = de.decrypted(key, &v);
             let found = v
                 .get("plugins")
                 .and_then(|p| p.get(*plugin))
@@ -507,7 +508,7 @@ pub(crate) fn delete_blocker(kind: &Kind, id: &str, snap: &Snapshot) -> Option<S
     if kind.name == "stream_routes" {
         // APISIX's stream_routes `delete_checker`: a subordinate route still names it as `superior_id`.
         return snap.list("stream_routes").find_map(|(other, e)| {
-            let sup = e.value.get("protocol")?.get("superior_id").and_then(id_string)?;
+            let sup = e.get("protocol")?.get("superior_id").and_then(id_string)?;
             (sup == id).then(|| {
                 format!(
                     "can not delete this stream route directly, stream route [{other}] is still using it as superior_id"
@@ -517,7 +518,7 @@ pub(crate) fn delete_blocker(kind: &Kind, id: &str, snap: &Snapshot) -> Option<S
     }
     for (coll, singular, field, prefix) in kind.used_by {
         for (other_id, e) in snap.list(coll) {
-            if e.value.get(*field).and_then(id_string).as_deref() == Some(id) {
+            if e.get(field).as_ref().and_then(id_string).as_deref() == Some(id) {
                 return Some(format!(
                     "{prefix}{singular} [{other_id}] is still using it now"
                 ));
@@ -537,9 +538,9 @@ fn proto_user(id: &str, snap: &Snapshot) -> Option<String> {
         ("global_rules", "global rule"),
     ] {
         for (other_id, e) in snap.list(coll) {
-            let used = e
-                .value
-                .get("plugins")
+            let plugins = e.get("plugins");
+            let used = plugins
+                .as_ref()
                 .and_then(|p| p.get("grpc-transcode"))
                 .and_then(|g| g.get("proto_id"))
                 .and_then(id_string);

@@ -125,8 +125,7 @@ impl Inner {
             for op in &ops {
                 match next.get(op.key()) {
                     Some(e) => {
-                        let bytes = serde_json::to_vec(e).map_err(io)?;
-                        kv.insert(op.key(), bytes.as_slice()).map_err(io)?;
+                        kv.insert(op.key(), e.to_row().as_slice()).map_err(io)?;
                     }
                     None => {
                         kv.remove(op.key()).map_err(io)?;

@@ -433,16 +433,13 @@ impl Inner {
             let Some(key) = relative(&self.cfg.prefix, kv.key()) else {
                 continue;
             };
-            match serde_json::from_slice::<Value>(kv.value()) {
-                Ok(value) => {
-                    snap.entries.insert(
-                        key,
-                        Entry {
-                            value: Arc::new(value),
-                            create_revision: kv.create_revision().max(0) as u64,
-                            mod_revision: kv.mod_revision().max(0) as u64,
-                        },
-                    );
+            match Entry::from_json(
+                kv.value(),
+                kv.create_revision().max(0) as u64,
+                kv.mod_revision().max(0) as u64,
+            ) {
+                Ok(entry) => {
+                    snap.entries.insert(key, entry);
                 }
                 Err(e) => tracing::error!(key, error = %e, "etcd value is not JSON; skipped"),
             }
@@ -511,16 +508,13 @@ impl Inner {
                 };
                 touched.push(key.clone());
                 match ev.event_type() {
-                    EventType::Put => match serde_json::from_slice::<Value>(kv.value()) {
-                        Ok(value) => {
-                            next.entries.insert(
-                                key,
-                                Entry {
-                                    value: Arc::new(value),
-                                    create_revision: kv.create_revision().max(0) as u64,
-                                    mod_revision: kv.mod_revision().max(0) as u64,
-                                },
-                            );
+                    EventType::Put => match Entry::from_json(
+                        kv.value(),
+                        kv.create_revision().max(0) as u64,
+                        kv.mod_revision().max(0) as u64,
+                    ) {
+                        Ok(entry) => {
+                            next.entries.insert(key, entry);
                         }
                         Err(e) => {
                             tracing::error!(key, error = %e, "etcd value is not JSON; skipped")

@@ -34,12 +34,186 @@ pub const KINDS: &[&str] = &[
 ];
 
 /// One stored value with its etcd-style revisions.
+///
+/// The value is kept as its compact JSON text (issue 16): a parsed `serde_json::Value` costs several times the
+/// text (a route's ~0.4 KB of JSON was ~2.7 KB of `BTreeMap` nodes), and reads are rare next to what is stored.
+/// Read it with [`Entry::value`] (parsed), [`Entry::decode`] (straight into a typed resource) or
+/// [`Entry::text`]. Serialized as before (`{"value": {...}, "create_revision": .., "mod_revision": ..}`), so the
+/// embedded store's file format is unchanged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
     /// Shared, so copying a snapshot for a write does not copy every value.
-    pub value: Arc<Value>,
+    #[serde(with = "raw_json")]
+    value: Arc<str>,
     pub create_revision: u64,
     pub mod_revision: u64,
+}
+
+impl Entry {
+    pub fn new(value: &Value, create_revision: u64, mod_revision: u64) -> Entry {
+        Entry {
+            value: compact(value),
+            create_revision,
+            mod_revision,
+        }
+    }
+
+    /// An entry from a value another writer stored (etcd): parsed and written again, so what is kept is what
+    /// a `Value` holds (keys sorted, a repeated key once, with its last value), compact. Fails when `text` is
+    /// not JSON.
+    pub fn from_json(
+        text: &[u8],
+        create_revision: u64,
+        mod_revision: u64,
+    ) -> serde_json::Result<Entry> {
+        let v: Value = serde_json::from_slice(text)?;
+        Ok(Entry::new(&v, create_revision, mod_revision))
+    }
+
+    /// The stored value, parsed (a copy: change it freely).
+    pub fn value(&self) -> Value {
+        // The text was produced by serde_json or validated by it: it always parses.
+        serde_json::from_str(&self.value).unwrap_or(Value::Null)
+    }
+
+    /// One top-level field of the stored value, parsing only that field (the rest of the text is skipped
+    /// without allocating): what reference checks and timestamps read.
+    pub fn get(&self, field: &str) -> Option<Value> {
+        use serde::de::DeserializeSeed;
+        let mut de = serde_json::Deserializer::from_str(&self.value);
+        Field(field).deserialize(&mut de).ok().flatten()
+    }
+
+    /// The row the embedded store writes: what serializing the entry gives, without checking the text again.
+    pub fn to_row(&self) -> Vec<u8> {
+        format!(
+            r#"{{"value":{},"create_revision":{},"mod_revision":{}}}"#,
+            self.value, self.create_revision, self.mod_revision
+        )
+        .into_bytes()
+    }
+
+    /// The stored value's compact JSON text.
+    pub fn text(&self) -> &str {
+        &self.value
+    }
+
+    /// The value as the data plane's typed resource stored at `{kind}/{id}`, with its secret fields decrypted.
+    /// Without a keyring nothing is encrypted and the text is decoded directly, never through a `Value`.
+    pub fn decode<T: serde::de::DeserializeOwned>(
+        &self,
+        kind: &str,
+        id: &str,
+        de: &DataEncryption,
+    ) -> serde_json::Result<T> {
+        if de.keyring().is_empty() {
+            return serde_json::from_str(&self.value);
+        }
+        let v: Value = serde_json::from_str(&self.value)?;
+        T::deserialize(&*de.decrypted_at(kind, id, &v))
+    }
+}
+
+/// Picks one field out of a JSON object (None for another field set or a non-object).
+struct Field<'a>(&'a str);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Field<'_> {
+    type Value = Option<Value>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Option<Value>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Field<'_> {
+    type Value = Option<Value>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_map<M: serde::de::MapAccess<'de>>(self, mut m: M) -> Result<Option<Value>, M::Error> {
+        let mut found = None;
+        while let Some(k) = m.next_key::<std::borrow::Cow<'de, str>>()? {
+            // The last occurrence wins, as when the whole value is parsed into a `Value`.
+            if k == self.0 {
+                found = Some(m.next_value::<Value>()?);
+            } else {
+                m.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Option<Value>, A::Error> {
+        while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Option<Value>, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Option<Value>, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Option<Value>, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Option<Value>, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Option<Value>, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Option<Value>, E> {
+        Ok(None)
+    }
+}
+
+fn compact(v: &Value) -> Arc<str> {
+    // Serializing a `Value` cannot fail (its map keys are strings).
+    Arc::from(serde_json::to_string(v).unwrap_or_else(|_| "null".to_owned()))
+}
+
+/// True when `s` has no whitespace outside strings (what serde_json writes).
+fn is_compact(s: &str) -> bool {
+    let mut in_str = false;
+    let mut esc = false;
+    for b in s.bytes() {
+        if in_str {
+            if esc {
+                esc = false;
+            } else if b == b'\\' {
+                esc = true;
+            } else if b == b'"' {
+                in_str = false;
+            }
+        } else if b == b'"' {
+            in_str = true;
+        } else if b.is_ascii_whitespace() {
+            return false;
+        }
+    }
+    true
+}
+
+/// `Entry.value` on disk: the JSON value itself, not a string holding it.
+mod raw_json {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::value::RawValue;
+
+    pub fn serialize<S: Serializer>(v: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
+        let raw: &RawValue = serde_json::from_str(v).map_err(serde::ser::Error::custom)?;
+        raw.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<str>, D::Error> {
+        let raw = Box::<RawValue>::deserialize(d)?;
+        if super::is_compact(raw.get()) {
+            Ok(Arc::from(raw.get()))
+        } else {
+            let v: serde_json::Value =
+                serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?;
+            Ok(super::compact(&v))
+        }
+    }
 }
 
 /// The whole key space at one revision. Keys are relative to the prefix: `routes/1`, `consumers/jack/credentials/c1`.
@@ -231,23 +405,17 @@ impl Snapshot {
                     let create_revision = old.map_or(revision, |e| e.create_revision);
                     changes.push(Change {
                         key: key.clone(),
-                        old: old.map(|e| (*e.value).clone()),
+                        old: old.map(Entry::value),
                         new: Some(value.clone()),
                     });
-                    self.entries.insert(
-                        key.clone(),
-                        Entry {
-                            value: Arc::new(value.clone()),
-                            create_revision,
-                            mod_revision: revision,
-                        },
-                    );
+                    self.entries
+                        .insert(key.clone(), Entry::new(value, create_revision, revision));
                 }
                 Op::Delete { key, .. } => {
                     if let Some(old) = self.entries.remove(key) {
                         changes.push(Change {
                             key: key.clone(),
-                            old: Some(Arc::unwrap_or_clone(old.value)),
+                            old: Some(old.value()),
                             new: None,
                         });
                     }
@@ -391,7 +559,7 @@ impl Snapshot {
         // Nested keys: `secrets/{manager}/{id}` and `consumers/{username}/credentials/{id}`.
         for (key, e) in self.under("secrets/").filter(|_| want("secrets")) {
             let id = &key["secrets/".len()..];
-            match sluice_model::Secret::deserialize(&*de.decrypted(key, &e.value)) {
+            match e.decode::<sluice_model::Secret>("secrets", id, de) {
                 Ok(mut v) => {
                     v.id = Id(id.to_owned());
                     r.secrets.push(v);
@@ -406,7 +574,7 @@ impl Snapshot {
             let Some((user, id)) = rest.split_once("/credentials/") else {
                 continue;
             };
-            match sluice_model::Credential::deserialize(&*de.decrypted(key, &e.value)) {
+            match e.decode::<sluice_model::Credential>("consumers", rest, de) {
                 Ok(mut v) => {
                     v.id = Id(id.to_owned());
                     v.consumer = user.to_owned();
@@ -429,7 +597,7 @@ fn fill<T: serde::de::DeserializeOwned, A: From<T>>(
     set_id: impl Fn(&mut T, Id),
 ) {
     for (id, e) in snap.list(kind) {
-        match T::deserialize(&*de.decrypted_at(kind, id, &e.value)) {
+        match e.decode::<T>(kind, id, de) {
             Ok(mut v) => {
                 set_id(&mut v, Id(id.to_owned()));
                 out.extend(std::iter::once(A::from(v)));

@@ -154,6 +154,7 @@ impl Applier {
                     let routes = s.route_count();
                     self.gateway.publish(s);
                     applied.send_replace(v.revision);
+                    crate::release_memory_after_apply(t0.elapsed() >= crate::LARGE_APPLY);
                     tracing::info!(
                         revision = v.revision,
                         routes,

@@ -288,6 +288,8 @@ pub fn run(
         );
 
         tokio::spawn(applier.run(rx, applied_tx, discovered));
+        // The first start is a large apply: its peak (the store's load or seed, the first compile) goes back.
+        crate::release_memory_after_apply(true);
         let stop = loop {
             match signals.next().await {
                 Sig::Hup => side.reload().await,

@@ -143,9 +143,8 @@ fn patch<T: DeserializeOwned, A: From<T>>(
     set_id: impl Fn(&mut T, Id),
 ) {
     let at = out.find(|x| get_id(x).cmp(id));
-    let value = next
-        .get(key)
-        .and_then(|e| match T::deserialize(&*de.decrypted(key, &e.value)) {
+    let value = next.get(key).and_then(|e| {
+        match e.decode::<T>(key.split_once('/').map_or(key, |(k, _)| k), id, de) {
             Ok(mut v) => {
                 set_id(&mut v, Id(id.to_owned()));
                 Some(A::from(v))
@@ -154,7 +153,8 @@ fn patch<T: DeserializeOwned, A: From<T>>(
                 tracing::error!(key, error = %err, "stored resource does not parse; skipped");
                 None
             }
-        });
+        }
+    });
     match (at, value) {
         (at, Some(v)) => out.put(at, v),
         (Ok(i), None) => out.take(i),

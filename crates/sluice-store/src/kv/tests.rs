@@ -189,3 +189,98 @@ fn measure_snapshot() {
     println!("of which Resources clone: {:?}", t.elapsed());
     assert_eq!(p, c.to_resources(&DataEncryption::none()));
 }
+
+#[test]
+fn an_entry_is_stored_as_before_and_kept_as_compact_text() {
+    let v =
+        json!({"uri": "/a", "upstream": {"nodes": {"127.0.0.1:1980": 1}, "type": "roundrobin"}});
+    let e = Entry::new(&v, 3, 4);
+    assert_eq!(
+        e.text(),
+        r#"{"upstream":{"nodes":{"127.0.0.1:1980":1},"type":"roundrobin"},"uri":"/a"}"#
+    );
+    assert_eq!(e.value(), v);
+    // The embedded store's row: the value itself, not a string holding it (the file format is unchanged).
+    let row = serde_json::to_value(&e).unwrap();
+    assert_eq!(
+        row,
+        json!({"value": v, "create_revision": 3, "mod_revision": 4})
+    );
+    // A row written before (a `Value` field) reads back, and spacing in it is not kept.
+    let old = r#"{"value": { "uri" : "/a" ,
+        "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1}}}, "create_revision": 3, "mod_revision": 4}"#;
+    let back: Entry = serde_json::from_str(old).unwrap();
+    assert_eq!(back, e);
+    assert_eq!(e.to_row(), serde_json::to_vec(&e).unwrap());
+    assert_eq!(serde_json::from_slice::<Entry>(&e.to_row()).unwrap(), e);
+    let compact = serde_json::to_vec(&e).unwrap();
+    assert_eq!(serde_json::from_slice::<Entry>(&compact).unwrap(), e);
+    // A string inside the value keeps its spaces and escapes.
+    let s = json!({"desc": "a \"quoted\" \\ value\n with  spaces"});
+    let e = serde_json::from_str::<Entry>(
+        &serde_json::to_string(&json!({"value": s, "create_revision": 1, "mod_revision": 1}))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(e.value(), s);
+    assert!(serde_json::from_str::<Entry>(
+        r#"{"value": {"a": }, "create_revision": 1, "mod_revision": 1}"#
+    )
+    .is_err());
+}
+
+#[test]
+fn entry_get_reads_only_its_own_top_level_field() {
+    let e = Entry::from_json(
+        br#"{"plugins": {"upstream_id": "nested"}, "desc": "\"upstream_id\":\"in a string\"",
+            "upstream_id": "u1", "upstream\u005fid": "u2"}"#,
+        1,
+        1,
+    )
+    .unwrap();
+    // An escaped key is the same key, and the last one wins: what the parsed value says.
+    assert_eq!(e.get("upstream_id"), Some(json!("u2")));
+    assert_eq!(e.value()["upstream_id"], json!("u2"));
+    let e = Entry::from_json(
+        br#"{"plugins": {"upstream_id": "nested"}, "desc": "\"upstream_id\":\"x\""}"#,
+        1,
+        1,
+    )
+    .unwrap();
+    assert_eq!(e.get("upstream_id"), None);
+    assert_eq!(e.get("plugins"), Some(json!({"upstream_id": "nested"})));
+    for other in [&b"[1, {\"a\": 2}]"[..], b"\"a\"", b"3", b"null", b"true"] {
+        assert_eq!(Entry::from_json(other, 1, 1).unwrap().get("a"), None);
+    }
+    assert!(Entry::from_json(b"{\"a\": 1", 1, 1).is_err());
+    // A compact row with a repeated key (the file is not only ours) reads as its parsed value does.
+    let e: Entry =
+        serde_json::from_str(r#"{"value":{"a":1,"a":2},"create_revision":1,"mod_revision":1}"#)
+            .unwrap();
+    assert_eq!((e.get("a"), e.value()), (Some(json!(2)), json!({"a": 2})));
+    // A value another writer stored with a repeated key and spacing is kept as one parsed `Value` would be.
+    let e = Entry::from_json(br#"{ "b": 1, "a": 1, "a": 2 }"#, 1, 1).unwrap();
+    assert_eq!(e.text(), r#"{"a":2,"b":1}"#);
+}
+
+#[test]
+fn decode_decrypts_with_a_keyring_and_reads_text_without_one() {
+    let de = DataEncryption::new(
+        sluice_secrets::Keyring::new(&["qeddd145sfvddff3"]).unwrap(),
+        true,
+        |_| None,
+    );
+    let pem = "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----";
+    let mut v = json!({"id": "1", "cert": "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----",
+                       "key": pem, "snis": ["a.test"]});
+    de.encrypt("ssls/1", &mut v);
+    assert_ne!(v["key"], json!(pem), "the keyring encrypts the key");
+    let mut s = Snapshot::default();
+    s.apply(&[put("ssls/1", v.clone())], 1);
+    assert_eq!(s.to_resources(&de).ssls[0].key, pem);
+    // Without the keyring the stored (encrypted) text is what decodes.
+    assert_eq!(
+        s.to_resources(&DataEncryption::none()).ssls[0].key,
+        v["key"].as_str().unwrap()
+    );
+}
