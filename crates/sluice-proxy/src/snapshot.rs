@@ -591,6 +591,15 @@ impl Snapshot {
                 Ok(f) => f,
                 Err(e) => return Some(Err(e)),
             };
+            // Traffic-split from its service or plugin config: its targets are the full compile's to place.
+            if fresh
+                .route
+                .plugins
+                .as_ref()
+                .is_some_and(|c| !c.upstreams().is_empty())
+            {
+                return None;
+            }
             let (order, slot) = match &old {
                 Some(o) => (o.order, o.slot),
                 None => {

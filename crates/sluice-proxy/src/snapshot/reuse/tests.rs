@@ -478,3 +478,26 @@ fn shared_runs_match_a_route_by_route_count() {
         assert_eq!((prefix, suffix), (want_prefix, want_suffix));
     }
 }
+
+/// A route added by a write whose traffic-split comes from its service still gets its split targets (the per-route
+/// path leaves such a route to the full compile).
+#[test]
+fn a_route_added_under_a_traffic_split_service_gets_its_targets() {
+    let shared = Shared::default();
+    let mut res: Resources = serde_json::from_value(json!({
+        "services": [{"id": "s", "plugins": {"traffic-split": {"rules": [{"weighted_upstreams": [
+            {"upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1990": 1}}, "weight": 1},
+            {"weight": 1}
+        ]}]}}, "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1980": 1}}}],
+        "routes": [{"id": "1", "uri": "/a", "service_id": "s"}]
+    }))
+    .expect("resources");
+    let s0 = Snapshot::compile_with(&res, 1, &shared).expect("compile");
+    assert_eq!(s0.served_by_id("1").map(|s| s.splits.len()), Some(1));
+    res.routes.push_back(arc_route(
+        json!({"id": "2", "uri": "/b", "service_id": "s"}),
+    ));
+    let s1 = Snapshot::compile_next(&res, 2, &shared, Some(&s0)).expect("compile");
+    assert_eq!(s1.served_by_id("2").map(|s| s.splits.len()), Some(1));
+    assert_eq!(s1.served_by_id("1").map(|s| s.splits.len()), Some(1));
+}
