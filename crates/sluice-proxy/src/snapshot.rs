@@ -1050,6 +1050,19 @@ fn compile_route(
             .cloned()
             .unwrap_or_else(|| Arc::new(spec))
     };
+    // Placed (order and slot) by the caller.
+    let served = |route, spec, upstream_id| Served {
+        route,
+        meta,
+        splits: Box::new([]),
+        spec,
+        order: 0,
+        slot: 0,
+        input: r.clone(),
+        service: service.cloned(),
+        plugin_config: plugin_config.cloned(),
+        upstream_id,
+    };
     let uris = r.all_uris();
     if uris.is_empty() {
         return Err(ctx("one of uri or uris is required".into()));
@@ -1062,15 +1075,11 @@ fn compile_route(
         None
     };
     if let Some(status) = dangling {
-        let spec = RouteSpec {
+        let spec = spec_of(
+            r,
             uris,
-            hosts: merge_route_service(r, service.map(|s| &**s), None).hosts,
-            methods: r.methods.clone(),
-            remote_addrs: r.all_remote_addrs(),
-            vars: r.vars.clone(),
-            priority: r.priority,
-            value: (),
-        };
+            merge_route_service(r, service.map(|s| &**s), None).hosts,
+        );
         let route = CompiledRoute {
             id: Arc::from(r.id.0.as_str()),
             service: r.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
@@ -1083,19 +1092,8 @@ fn compile_route(
             inline: false,
             dangling: Some(status),
         };
-        return Ok(Served {
-            route,
-            meta,
-            splits: Box::new([]),
-            spec: keep(spec),
-            order: 0,
-            slot: 0,
-            input: r.clone(),
-            service: service.cloned(),
-            plugin_config: plugin_config.cloned(),
-            // Never reused: `reusable` refuses a dangling route.
-            upstream_id: Some(String::new()),
-        });
+        // Never reused: `reusable` refuses a dangling route.
+        return Ok(served(route, keep(spec), Some(String::new())));
     }
     let eff = merge_route_service(r, service.map(|s| &**s), plugin_config.map(|p| &p.plugins));
     let upstream = match (&eff.upstream, &eff.upstream_id) {
@@ -1119,15 +1117,7 @@ fn compile_route(
         .or(upstream.timeouts)
         .unwrap_or_else(|| Timeout::default().into());
     let plugins = Chain::compile(&eff.plugins, cx.env).map_err(ctx)?;
-    let spec = RouteSpec {
-        uris,
-        hosts: eff.hosts.clone(),
-        methods: r.methods.clone(),
-        remote_addrs: r.all_remote_addrs(),
-        vars: r.vars.clone(),
-        priority: r.priority,
-        value: (),
-    };
+    let spec = spec_of(r, uris, eff.hosts.clone());
     let route = CompiledRoute {
         id: Arc::from(r.id.0.as_str()),
         service: r.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
@@ -1142,18 +1132,20 @@ fn compile_route(
         Some(_) => None,
         None => eff.upstream_id.as_ref().map(|i| i.0.clone()),
     };
-    Ok(Served {
-        route,
-        meta,
-        splits: Box::new([]),
-        spec: keep(spec),
-        order: 0,
-        slot: 0,
-        input: r.clone(),
-        service: service.cloned(),
-        plugin_config: plugin_config.cloned(),
-        upstream_id,
-    })
+    Ok(served(route, keep(spec), upstream_id))
+}
+
+/// The router's view of route `r` with `hosts` (its own or its service's).
+fn spec_of(r: &Route, uris: Vec<String>, hosts: Vec<String>) -> RouteSpec<()> {
+    RouteSpec {
+        uris,
+        hosts,
+        methods: r.methods.clone(),
+        remote_addrs: r.all_remote_addrs(),
+        vars: r.vars.clone(),
+        priority: r.priority,
+        value: (),
+    }
 }
 
 /// The runtime of upstream `u`: `old` itself when its configuration is unchanged, else a new one inheriting its
