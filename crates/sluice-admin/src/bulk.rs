@@ -325,14 +325,15 @@ async fn put(state: &AdminState, req: &Request<'_>) -> Answer {
     }
 
     let checked = t0.elapsed();
-    let resources = handlers::candidate_resources(state, &snap, &ops);
+    // Keys are distinct (checked above): the commit may take the candidate's store view as it is.
+    let (resources, view) = handlers::candidate_view(state, &snap, &ops);
     let token = match (state.checker)(&resources) {
         Ok(t) => t,
         Err(e) => return Answer::error(400, e),
     };
     let dry_run = t0.elapsed();
     let rev = if state.store.backend() == "etcd" {
-        drop(resources);
+        drop((resources, view));
         match commit_batches(state, ops).await {
             Ok(rev) => rev,
             Err(a) => return a,
@@ -342,6 +343,7 @@ async fn put(state: &AdminState, req: &Request<'_>) -> Answer {
             base: snap.revision,
             resources,
             token,
+            view,
         };
         match state.store.commit_prepared(ops, prepared).await {
             Ok(rev) => rev,

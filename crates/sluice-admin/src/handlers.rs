@@ -475,6 +475,7 @@ pub(crate) async fn commit(
         base: snap.revision,
         resources,
         token,
+        view: None,
     };
     let rev = state
         .store
@@ -544,22 +545,37 @@ async fn wait_for_nodes(
 /// The complete configuration after `ops`. When the store's published view is at `snap`'s revision, only the
 /// touched keys are decoded (and, for routes and their kin, without copying the key space); else a full decode.
 pub(crate) fn candidate_resources(state: &AdminState, snap: &Snapshot, ops: &[Op]) -> Resources {
+    candidate_view(state, snap, ops).0
+}
+
+/// The candidate's resources, and the store's whole view after `ops` when building them took one (a write of
+/// many keys: [`kv::Prepared::view`] lets the commit reuse it).
+pub(crate) fn candidate_view(
+    state: &AdminState,
+    snap: &Snapshot,
+    ops: &[Op],
+) -> (Resources, Option<Snapshot>) {
     let published = state.store.subscribe().borrow().clone();
     let de = state.store.data_encryption();
     let keys = || ops.iter().map(Op::key);
     if published.revision != snap.revision {
         let mut candidate = snap.clone();
         candidate.apply(ops, snap.revision + 1);
-        return candidate.to_resources(&de);
+        let r = candidate.to_resources(&de);
+        return (r, Some(candidate));
     }
     if ops.len() <= kv::PATCH_MAX_KEYS && keys().all(kv::patch_is_local) {
         let mut delta = Snapshot::default();
         delta.apply(ops, snap.revision + 1);
-        return kv::patch_resources(&published.resources, &delta, keys(), &de);
+        return (
+            kv::patch_resources(&published.resources, &delta, keys(), &de),
+            None,
+        );
     }
     let mut candidate = snap.clone();
     candidate.apply(ops, snap.revision + 1);
-    kv::patch_resources(&published.resources, &candidate, keys(), &de)
+    let r = kv::patch_resources(&published.resources, &candidate, keys(), &de);
+    (r, Some(candidate))
 }
 
 pub(crate) fn json_type(v: &Value) -> &'static str {

@@ -12,7 +12,8 @@ use sluice_secrets::DataEncryption;
 use tokio::sync::watch;
 
 use crate::kv::{
-    now, patch_resources, BoxFuture, Entry, Op, Prepared, Revision, Snapshot, Store, StoreError,
+    history_record, now, patch_resources, BoxFuture, Entry, Op, Prepared, Revision, Snapshot,
+    Store, StoreError,
 };
 use crate::{ConfigRx, ConfigTx, Versioned};
 
@@ -111,12 +112,22 @@ impl Inner {
         let cur = self.current();
         cur.check_guards(&ops)?;
         let revision = cur.revision + 1;
-        let mut next = (*cur).clone();
-        let changes = next.apply(&ops, revision);
-        let record = Revision {
-            revision,
-            time: now(),
-            changes,
+        let mut prepared = prepared;
+        let view = prepared
+            .as_mut()
+            .filter(|p| p.base == cur.revision)
+            .and_then(|p| p.view.take())
+            .filter(|v| v.revision == revision);
+        let (next, changes) = match view {
+            Some(next) => {
+                let changes = cur.changes_to(&next, &ops);
+                (next, changes)
+            }
+            None => {
+                let mut next = (*cur).clone();
+                let changes = next.apply(&ops, revision);
+                (next, changes)
+            }
         };
 
         let w = self.db.begin_write().map_err(io)?;
@@ -133,7 +144,7 @@ impl Inner {
                 }
             }
             let mut hist = w.open_table(HISTORY).map_err(io)?;
-            let bytes = serde_json::to_vec(&record).map_err(io)?;
+            let bytes = history_record(revision, now(), &changes);
             hist.insert(revision, bytes.as_slice()).map_err(io)?;
             let mut meta = w.open_table(META).map_err(io)?;
             meta.insert(REVISION_KEY, revision).map_err(io)?;

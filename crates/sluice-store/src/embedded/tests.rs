@@ -150,6 +150,7 @@ async fn prepared_candidate_is_published_with_its_token_only_on_its_base() {
         base: 0,
         resources: candidate.to_resources(&DataEncryption::none()),
         token: 7,
+        view: None,
     };
     assert_eq!(s.commit_prepared(ops, prepared).await.unwrap(), 1);
     assert_eq!(rx.borrow().token, 7);
@@ -161,9 +162,77 @@ async fn prepared_candidate_is_published_with_its_token_only_on_its_base() {
         base: 0,
         resources: sluice_model::Resources::default(),
         token: 8,
+        view: None,
     };
     assert_eq!(s.commit_prepared(ops, stale).await.unwrap(), 2);
     assert_eq!(rx.borrow().token, 0);
     assert_eq!(rx.borrow().resources.routes.len(), 2);
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// A bulk load hands the commit its candidate store view; what is stored, published and recorded is what
+/// applying the ops gives, and a view prepared on another base is ignored.
+#[tokio::test]
+async fn a_prepared_view_commits_as_applying_the_ops_would() {
+    let (pa, pb) = (tmp("view-a"), tmp("view-b"));
+    let (a, b) = (
+        EmbeddedStore::open(&pa).unwrap(),
+        EmbeddedStore::open(&pb).unwrap(),
+    );
+    let seed = vec![
+        put("routes/1", json!({"uri": "/a", "plugins": {}})),
+        put("routes/2", json!({"uri": "/b", "plugins": {}})),
+    ];
+    a.commit(seed.clone()).await.unwrap();
+    b.commit(seed).await.unwrap();
+    let ops = vec![
+        put("routes/1", json!({"uri": "/a2", "plugins": {}})),
+        put("routes/3", json!({"uri": "/c", "plugins": {}})),
+        Op::Delete {
+            key: "routes/2".into(),
+            expect_mod: Some(1),
+        },
+    ];
+    let mut view = a.snapshot().as_ref().clone();
+    view.apply(&ops, 2);
+    let prepared = Prepared {
+        base: 1,
+        resources: view.to_resources(&DataEncryption::none()),
+        token: 0,
+        view: Some(view),
+    };
+    assert_eq!(a.commit_prepared(ops.clone(), prepared).await.unwrap(), 2);
+    assert_eq!(b.commit(ops).await.unwrap(), 2);
+    assert_eq!(*a.snapshot(), *b.snapshot());
+    let strip = |mut h: Vec<Revision>| {
+        h.iter_mut().for_each(|r| r.time = 0);
+        h
+    };
+    assert_eq!(
+        strip(a.history(0, 10).await.unwrap()),
+        strip(b.history(0, 10).await.unwrap())
+    );
+    // Reopened, the rows written from the view read back the same.
+    drop(a);
+    assert_eq!(*EmbeddedStore::open(&pa).unwrap().snapshot(), *b.snapshot());
+
+    // A view prepared on an older base (here: one that would undo routes/3) is not taken.
+    let a = EmbeddedStore::open(&pa).unwrap();
+    let mut stale = Snapshot::default();
+    stale.apply(&[put("routes/9", json!({"uri": "/z", "plugins": {}}))], 3);
+    let ops = vec![put("routes/4", json!({"uri": "/d", "plugins": {}}))];
+    let prepared = Prepared {
+        base: 1,
+        resources: sluice_model::Resources::default(),
+        token: 0,
+        view: Some(stale),
+    };
+    assert_eq!(a.commit_prepared(ops, prepared).await.unwrap(), 3);
+    let snap = a.snapshot();
+    assert!(snap.get("routes/3").is_some() && snap.get("routes/4").is_some());
+    assert!(snap.get("routes/9").is_none());
+    drop(a);
+    for p in [pa, pb] {
+        let _ = std::fs::remove_dir_all(p.parent().unwrap());
+    }
 }

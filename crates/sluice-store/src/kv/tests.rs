@@ -15,9 +15,9 @@ fn put(key: &str, value: Value) -> Op {
 fn apply_tracks_revisions_and_changes() {
     let mut s = Snapshot::default();
     let ch = s.apply(&[put("routes/1", json!({"uri": "/a"}))], 1);
-    assert_eq!(ch[0].old, None);
+    assert_eq!(ch[0].to_change().old, None);
     let ch = s.apply(&[put("routes/1", json!({"uri": "/b"}))], 2);
-    assert_eq!(ch[0].old, Some(json!({"uri": "/a"})));
+    assert_eq!(ch[0].to_change().old, Some(json!({"uri": "/a"})));
     let e = s.get("routes/1").unwrap();
     assert_eq!((e.create_revision, e.mod_revision), (1, 2));
     let guard = Op::Delete {
@@ -283,4 +283,83 @@ fn decode_decrypts_with_a_keyring_and_reads_text_without_one() {
         s.to_resources(&DataEncryption::none()).ssls[0].key,
         v["key"].as_str().unwrap()
     );
+}
+
+#[test]
+fn history_record_is_the_revision_serialized() {
+    let mut s = Snapshot::default();
+    s.apply(
+        &[
+            put(
+                "routes/1",
+                json!({"uri": "/a", "desc": "q\"uote\\ é \u{1}"}),
+            ),
+            put("routes/2", json!({"uri": "/b"})),
+        ],
+        1,
+    );
+    let ops = [
+        put("routes/1", json!({"uri": "/c", "n": [1, 2.5, null]})),
+        Op::Delete {
+            key: "routes/2".into(),
+            expect_mod: None,
+        },
+        Op::Delete {
+            key: "routes/absent".into(),
+            expect_mod: None,
+        },
+        put("routes/k\"ey\\", json!({})),
+    ];
+    let before = s.clone();
+    let changes = s.apply(&ops, 2);
+    assert_eq!(changes.len(), 3, "deleting an absent key records nothing");
+    let parsed = Revision {
+        revision: 2,
+        time: 1_700_000_000,
+        changes: changes.iter().map(TextChange::to_change).collect(),
+    };
+    let bytes = history_record(2, 1_700_000_000, &changes);
+    assert_eq!(
+        String::from_utf8(bytes.clone()).unwrap(),
+        serde_json::to_string(&parsed).unwrap()
+    );
+    assert_eq!(serde_json::from_slice::<Revision>(&bytes).unwrap(), parsed);
+    // Read off the applied view, the same changes.
+    assert_eq!(before.changes_to(&s, &ops), changes);
+}
+
+/// Routes, upstreams and the other plugin-carrying kinds decode straight from their text when it names no
+/// `plugins` or `client_key`; a key spelled with a JSON escape is stored unescaped, so it cannot slip past.
+#[test]
+fn decode_skips_the_value_only_when_no_secret_can_be_there() {
+    static FIELDS: sluice_secrets::SecretFields = sluice_secrets::SecretFields {
+        conf: &["key"],
+        consumer: None,
+        metadata: &[],
+    };
+    let de = DataEncryption::new(
+        sluice_secrets::Keyring::new(&["qeddd145sfvddff3"]).unwrap(),
+        true,
+        |name| (name == "key-auth").then_some(&FIELDS),
+    );
+    let mut v: Value = serde_json::from_str(
+        r#"{"id": "1", "uri": "/a", "plugi\u006es": {"key-auth": {"key": "s3cret"}},
+            "upstream": {"nodes": {"127.0.0.1:80": 1}, "tls": {"client_cert": "c", "client_k\u0065y": "k"}}}"#,
+    )
+    .unwrap();
+    de.encrypt("routes/1", &mut v);
+    assert_ne!(v["plugins"]["key-auth"]["key"], json!("s3cret"));
+    let mut s = Snapshot::default();
+    s.apply(&[put("routes/1", v)], 1);
+    let text = s.get("routes/1").unwrap().text().to_owned();
+    assert!(de.text_may_hold_secrets("routes", &text), "{text}");
+    let r = s.to_resources(&de);
+    assert_eq!(r.routes[0].plugins["key-auth"]["key"], json!("s3cret"));
+
+    let plain = json!({"id": "2", "uri": "/b", "desc": "no secrets", "upstream": {"nodes": {"127.0.0.1:80": 1}}});
+    s.apply(&[put("routes/2", plain)], 2);
+    let text = s.get("routes/2").unwrap().text().to_owned();
+    assert!(!de.text_may_hold_secrets("routes", &text));
+    assert!(de.text_may_hold_secrets("ssls", r#"{"cert":"c"}"#), "ssls always go through the value");
+    assert_eq!(s.to_resources(&de).routes[1].uri.as_deref(), Some("/b"));
 }
