@@ -312,8 +312,8 @@ impl DataEncryption {
     /// their text on that answer instead of through a `Value` each.
     pub fn text_may_hold_secrets(&self, kind: &str, text: &str) -> bool {
         match kind {
-            "upstreams" | "routes" | "services" | "stream_routes" | "global_rules" | "plugin_configs"
-            | "consumer_groups" | "consumers" => {
+            "upstreams" | "routes" | "services" | "stream_routes" | "global_rules"
+            | "plugin_configs" | "consumer_groups" | "consumers" => {
                 !self.keyring.is_empty()
                     && (text.contains("\"plugins\"") || text.contains("\"client_key\""))
             }

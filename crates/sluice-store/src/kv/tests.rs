@@ -360,6 +360,9 @@ fn decode_skips_the_value_only_when_no_secret_can_be_there() {
     s.apply(&[put("routes/2", plain)], 2);
     let text = s.get("routes/2").unwrap().text().to_owned();
     assert!(!de.text_may_hold_secrets("routes", &text));
-    assert!(de.text_may_hold_secrets("ssls", r#"{"cert":"c"}"#), "ssls always go through the value");
+    assert!(
+        de.text_may_hold_secrets("ssls", r#"{"cert":"c"}"#),
+        "ssls always go through the value"
+    );
     assert_eq!(s.to_resources(&de).routes[1].uri.as_deref(), Some("/b"));
 }

@@ -334,6 +334,28 @@ async fn an_invalid_resource_anywhere_refuses_the_whole_load() {
         (&json!("routes"), &json!("250"), &json!(150))
     );
 
+    // Large loads are checked on several threads: the first bad item in body order is still the one named,
+    // whichever chunk it falls in.
+    let big = |bad: &[usize]| {
+        let mut rs = routes(1000..=6999, up);
+        for &i in bad {
+            rs[i]
+                .as_object_mut()
+                .unwrap()
+                .insert("uri".into(), json!(i));
+        }
+        json!({"routes": rs}).to_string()
+    };
+    for (bad, first) in [
+        (&[5900, 900][..], 900),
+        (&[5999][..], 5999),
+        (&[0, 5999][..], 0),
+    ] {
+        let (st, v) = load(admin, KEY, "PUT", "/configs", &big(bad)).await;
+        assert_eq!(st, 400, "{v}");
+        assert_eq!(v["index"], json!(first), "{v}");
+    }
+
     // Nothing changed: same document, same revision, the old routes served, none of the new ones.
     assert_eq!(configs(admin, KEY).await, before);
     assert_eq!(status(gw, "/r/20").await, 200);
