@@ -163,7 +163,25 @@ struct Cached {
     series: Arc<Series>,
 }
 
-type CacheKey = (u64, usize, usize, Option<std::net::SocketAddr>, u16, bool);
+/// (registry id, route id ptr, consumer ptr, upstream ip, upstream port | status | prefer_name | address kind):
+/// the upstream address packed exactly into two words, so a probe hashes five integers.
+type CacheKey = (u64, usize, usize, u128, u64);
+
+/// The upstream address, status and `prefer_name` of a cache key, exactly (an IPv4 node and its IPv4-mapped IPv6
+/// form are different keys, as their `node` labels differ).
+fn key_tail(addr: Option<std::net::SocketAddr>, status: u16, prefer_name: bool) -> (u128, u64) {
+    use std::net::IpAddr;
+    let (ip, port, kind) = match addr {
+        None => (0, 0, 0u64),
+        Some(a) => match a.ip() {
+            IpAddr::V4(v4) => (u128::from(u32::from(v4)), a.port(), 1),
+            IpAddr::V6(v6) => (u128::from(v6), a.port(), 2),
+        },
+    };
+    let tail =
+        u64::from(port) | u64::from(status) << 16 | u64::from(prefer_name) << 32 | kind << 33;
+    (ip, tail)
+}
 
 thread_local! {
     /// (registry id, route id ptr, consumer ptr, upstream, status, prefer_name) -> series: a request whose labels this
@@ -226,15 +244,16 @@ impl Metrics {
             .clone()
     }
 
-    fn cached(&self, ctx: &Ctx<'_>, info: &LogInfo, prefer_name: bool) -> Arc<Series> {
+    /// Runs `f` on the request's series: on a cache hit inside the probe (no reference count touched).
+    fn cached(&self, ctx: &Ctx<'_>, info: &LogInfo, prefer_name: bool, f: impl FnOnce(&Series)) {
         let consumer = ctx.consumer.as_ref();
+        let (ip, tail) = key_tail(info.upstream_addr, info.status, prefer_name);
         let key: CacheKey = (
             self.id,
             ctx.route_id.as_ptr() as usize,
             consumer.map_or(0, |c| Arc::as_ptr(c) as usize),
-            info.upstream_addr,
-            info.status,
-            prefer_name,
+            ip,
+            tail,
         );
         let name = ctx.consumer_name().unwrap_or("");
         let meta = ctx.route;
@@ -247,15 +266,19 @@ impl Metrics {
             .filter(|_| prefer_name)
             .or_else(|| meta.and_then(|m| m.service_id.as_deref()))
             .unwrap_or("");
-        let hit = CACHE.with(|c| {
-            c.borrow()
+        let mut f = Some(f);
+        CACHE.with(|c| {
+            let c = c.borrow();
+            let e = c
                 .get(&key)
-                .filter(|e| &*e.route == route && &*e.consumer == name && &*e.service == service)
-                .map(|e| e.series.clone())
+                .filter(|e| &*e.route == route && &*e.consumer == name && &*e.service == service);
+            if let Some(e) = e {
+                if let Some(f) = f.take() {
+                    f(&e.series);
+                }
+            }
         });
-        if let Some(s) = hit {
-            return s;
-        }
+        let Some(f) = f else { return };
         #[cfg(test)]
         MISSES.with(|m| m.set(m.get() + 1));
         let series = self.series(Labels {
@@ -286,12 +309,18 @@ impl Metrics {
                 },
             );
         });
-        series
+        f(&series);
     }
 
     /// Records one finished request.
     pub(crate) fn record(&self, ctx: &Ctx<'_>, info: &LogInfo, prefer_name: bool) {
-        let s = self.cached(ctx, info, prefer_name);
+        self.cached(ctx, info, prefer_name, |s| self.observe(s, info));
+        // Counted last with Release (the exporter loads it with Acquire first): a scrape that sees N requests
+        // sees every series count of those N.
+        self.requests.fetch_add(1, Ordering::Release);
+    }
+
+    fn observe(&self, s: &Series, info: &LogInfo) {
         s.status.fetch_add(1, Ordering::Relaxed);
         let bounds = self.bounds();
         let total = info.latency.as_micros() as u64;
@@ -305,9 +334,6 @@ impl Metrics {
         }
         s.ingress.fetch_add(info.request_bytes, Ordering::Relaxed);
         s.egress.fetch_add(info.response_bytes, Ordering::Relaxed);
-        // Counted last with Release (the exporter loads it with Acquire first): a scrape that sees N requests
-        // sees every series count of those N.
-        self.requests.fetch_add(1, Ordering::Release);
     }
 
     /// The exposition text APISIX serves at `/apisix/prometheus/metrics`.
@@ -410,5 +436,49 @@ mod cache_tests {
             "second and third laps missed the cache"
         );
         assert_eq!(m.requests.load(Ordering::Relaxed), 3 * 10_000 + 2 * 100);
+    }
+
+    /// The cache key packs the upstream address: an IPv4 node and its IPv4-mapped IPv6 form (same bits, same
+    /// port) are different `node` labels, and every request lands on its own label set, hit or miss.
+    #[test]
+    fn nodes_that_pack_alike_keep_their_own_series() {
+        let mut buf = bytes::BytesMut::from(&b"GET /r HTTP/1.1\r\nHost: a\r\n\r\n"[..]);
+        let head = sluice_http::parse_request(&mut buf, &sluice_http::Limits::default())
+            .unwrap()
+            .unwrap();
+        let addr: std::net::SocketAddr = "127.0.0.1:80".parse().unwrap();
+        let view = crate::ReqView::new(&head, addr, addr, "http").unwrap();
+        let m = Metrics::default();
+        let nodes = [
+            "127.0.0.1:80",
+            "[::ffff:127.0.0.1]:80",
+            "127.0.0.1:81",
+            "[::1]:80",
+        ];
+        for _ in 0..3 {
+            for n in nodes {
+                let info = LogInfo {
+                    status: 200,
+                    request_bytes: 1,
+                    response_bytes: 1,
+                    latency: std::time::Duration::from_micros(100),
+                    upstream_latency: None,
+                    upstream_addr: Some(n.parse().unwrap()),
+                    upstream_status: None,
+                };
+                m.record(&Ctx::new(&view, "r1"), &info, false);
+            }
+        }
+        let map = m.series.read().unwrap();
+        let count = |node: &str| {
+            map.iter()
+                .filter(|(l, _)| &*l.node == node)
+                .map(|(_, s)| s.status.load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        assert_eq!(count("127.0.0.1"), 6);
+        assert_eq!(count("::ffff:127.0.0.1"), 3);
+        assert_eq!(count("::1"), 3);
+        assert_eq!(map.len(), 3);
     }
 }
