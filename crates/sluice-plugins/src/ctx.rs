@@ -154,10 +154,12 @@ struct Spare {
 const SPARE_MAX: usize = 16;
 
 thread_local! {
-    static SPARE: std::cell::Cell<Spare> = std::cell::Cell::new(Spare {
-        request: Vec::new(),
-        response: Vec::new(),
-    });
+    static SPARE: std::cell::Cell<Spare> = const {
+        std::cell::Cell::new(Spare {
+            request: Vec::new(),
+            response: Vec::new(),
+        })
+    };
 }
 
 impl Drop for Ctx<'_> {
