@@ -142,58 +142,16 @@ pub struct Ctx<'a> {
     pub started: Option<std::time::Instant>,
 }
 
-/// The header lists of a finished request's context, emptied, for the thread's next context: key-auth's
-/// X-Consumer-Username and limit-count's X-RateLimit-* then cost no allocation and no free per request.
-#[derive(Default)]
-struct Spare {
-    request: Vec<(Bytes, Bytes)>,
-    response: Vec<(Bytes, Bytes)>,
-}
-
-/// A kept list larger than this is freed instead (a request that set many headers does not pin its list).
-const SPARE_MAX: usize = 16;
-
-thread_local! {
-    static SPARE: std::cell::Cell<Spare> = const {
-        std::cell::Cell::new(Spare {
-            request: Vec::new(),
-            response: Vec::new(),
-        })
-    };
-}
-
-impl Drop for Ctx<'_> {
-    fn drop(&mut self) {
-        let (mut request, mut response) = (
-            std::mem::take(&mut self.edits.set_headers),
-            std::mem::take(&mut self.resp.set_headers),
-        );
-        if request.capacity() > SPARE_MAX || response.capacity() > SPARE_MAX {
-            return;
-        }
-        request.clear();
-        response.clear();
-        let _ = SPARE.try_with(|s| s.set(Spare { request, response }));
-    }
-}
-
 impl<'a> Ctx<'a> {
     pub fn new(req: &'a ReqView<'a>, route_id: &'a str) -> Self {
-        let spare = SPARE.try_with(|s| s.take()).unwrap_or_default();
         Ctx {
             req,
             route_id,
             route: None,
             body: None,
             consumer: None,
-            edits: Edits {
-                set_headers: spare.request,
-                ..Edits::default()
-            },
-            resp: RespEdits {
-                set_headers: spare.response,
-                ..RespEdits::default()
-            },
+            edits: Edits::default(),
+            resp: RespEdits::default(),
             consumer_chain: None,
             merged_by: 0,
             vars: Vec::new(),
@@ -384,52 +342,5 @@ impl MatchRequest for Ctx<'_> {
             Var::Other(_) => Ctx::var(self, var).as_deref() == Some(item),
             _ => self.req.var_has(var, item),
         }
-    }
-}
-
-#[cfg(test)]
-mod spare_tests {
-    use super::*;
-
-    /// A finished request's header lists are reused by the thread's next context, emptied: nothing one request's
-    /// plugins set (the consumer's name, its rate-limit counts) reaches the next request.
-    #[test]
-    fn the_next_context_starts_with_empty_reused_header_lists() {
-        let mut buf = bytes::BytesMut::from(&b"GET /r HTTP/1.1\r\nHost: a\r\n\r\n"[..]);
-        let head = sluice_http::parse_request(&mut buf, &sluice_http::Limits::default())
-            .unwrap()
-            .unwrap();
-        let addr: std::net::SocketAddr = "127.0.0.1:80".parse().unwrap();
-        let view = ReqView::new(&head, addr, addr, "http").unwrap();
-        let mut first = Ctx::new(&view, "1");
-        first.edits.set_headers.push((
-            Bytes::from_static(b"X-Consumer-Username"),
-            Bytes::from_static(b"jack"),
-        ));
-        first.resp.set_headers.push((
-            Bytes::from_static(b"X-RateLimit-Remaining"),
-            Bytes::from_static(b"9"),
-        ));
-        let (req_list, resp_list) = (
-            first.edits.set_headers.as_ptr(),
-            first.resp.set_headers.as_ptr(),
-        );
-        drop(first);
-        let next = Ctx::new(&view, "1");
-        assert!(next.edits.is_empty() && next.resp.is_empty());
-        assert_eq!(next.edits.set_headers.as_ptr(), req_list);
-        assert_eq!(next.resp.set_headers.as_ptr(), resp_list);
-        // A second context alive at the same time gets fresh lists.
-        let other = Ctx::new(&view, "2");
-        assert_eq!(other.edits.set_headers.capacity(), 0);
-        drop(other);
-        drop(next);
-        // A large list is not kept.
-        let mut big = Ctx::new(&view, "3");
-        for _ in 0..=SPARE_MAX {
-            big.resp.set_headers.push((Bytes::new(), Bytes::new()));
-        }
-        drop(big);
-        assert_eq!(Ctx::new(&view, "4").resp.set_headers.capacity(), 0);
     }
 }
