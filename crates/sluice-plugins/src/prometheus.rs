@@ -163,25 +163,7 @@ struct Cached {
     series: Arc<Series>,
 }
 
-/// (registry id, route id ptr, consumer ptr, upstream ip, upstream port | status | prefer_name | address kind):
-/// the upstream address packed exactly into two words, so a probe hashes five integers.
-type CacheKey = (u64, usize, usize, u128, u64);
-
-/// The upstream address, status and `prefer_name` of a cache key, exactly (an IPv4 node and its IPv4-mapped IPv6
-/// form are different keys, as their `node` labels differ).
-fn key_tail(addr: Option<std::net::SocketAddr>, status: u16, prefer_name: bool) -> (u128, u64) {
-    use std::net::IpAddr;
-    let (ip, port, kind) = match addr {
-        None => (0, 0, 0u64),
-        Some(a) => match a.ip() {
-            IpAddr::V4(v4) => (u128::from(u32::from(v4)), a.port(), 1),
-            IpAddr::V6(v6) => (u128::from(v6), a.port(), 2),
-        },
-    };
-    let tail =
-        u64::from(port) | u64::from(status) << 16 | u64::from(prefer_name) << 32 | kind << 33;
-    (ip, tail)
-}
+type CacheKey = (u64, usize, usize, Option<std::net::SocketAddr>, u16, bool);
 
 thread_local! {
     /// (registry id, route id ptr, consumer ptr, upstream, status, prefer_name) -> series: a request whose labels this
@@ -244,16 +226,15 @@ impl Metrics {
             .clone()
     }
 
-    /// Runs `f` on the request's series: on a cache hit inside the probe (no reference count touched).
-    fn cached(&self, ctx: &Ctx<'_>, info: &LogInfo, prefer_name: bool, f: impl FnOnce(&Series)) {
+    fn cached(&self, ctx: &Ctx<'_>, info: &LogInfo, prefer_name: bool) -> Arc<Series> {
         let consumer = ctx.consumer.as_ref();
-        let (ip, tail) = key_tail(info.upstream_addr, info.status, prefer_name);
         let key: CacheKey = (
             self.id,
             ctx.route_id.as_ptr() as usize,
             consumer.map_or(0, |c| Arc::as_ptr(c) as usize),
-            ip,
-            tail,
+            info.upstream_addr,
+            info.status,
+            prefer_name,
         );
         let name = ctx.consumer_name().unwrap_or("");
         let meta = ctx.route;
@@ -266,19 +247,15 @@ impl Metrics {
             .filter(|_| prefer_name)
             .or_else(|| meta.and_then(|m| m.service_id.as_deref()))
             .unwrap_or("");
-        let mut f = Some(f);
-        CACHE.with(|c| {
-            let c = c.borrow();
-            let e = c
+        let hit = CACHE.with(|c| {
+            c.borrow()
                 .get(&key)
-                .filter(|e| &*e.route == route && &*e.consumer == name && &*e.service == service);
-            if let Some(e) = e {
-                if let Some(f) = f.take() {
-                    f(&e.series);
-                }
-            }
+                .filter(|e| &*e.route == route && &*e.consumer == name && &*e.service == service)
+                .map(|e| e.series.clone())
         });
-        let Some(f) = f else { return };
+        if let Some(s) = hit {
+            return s;
+        }
         #[cfg(test)]
         MISSES.with(|m| m.set(m.get() + 1));
         let series = self.series(Labels {
@@ -309,18 +286,12 @@ impl Metrics {
                 },
             );
         });
-        f(&series);
+        series
     }
 
     /// Records one finished request.
     pub(crate) fn record(&self, ctx: &Ctx<'_>, info: &LogInfo, prefer_name: bool) {
-        self.cached(ctx, info, prefer_name, |s| self.observe(s, info));
-        // Counted last with Release (the exporter loads it with Acquire first): a scrape that sees N requests
-        // sees every series count of those N.
-        self.requests.fetch_add(1, Ordering::Release);
-    }
-
-    fn observe(&self, s: &Series, info: &LogInfo) {
+        let s = self.cached(ctx, info, prefer_name);
         s.status.fetch_add(1, Ordering::Relaxed);
         let bounds = self.bounds();
         let total = info.latency.as_micros() as u64;
@@ -334,6 +305,9 @@ impl Metrics {
         }
         s.ingress.fetch_add(info.request_bytes, Ordering::Relaxed);
         s.egress.fetch_add(info.response_bytes, Ordering::Relaxed);
+        // Counted last with Release (the exporter loads it with Acquire first): a scrape that sees N requests
+        // sees every series count of those N.
+        self.requests.fetch_add(1, Ordering::Release);
     }
 
     /// The exposition text APISIX serves at `/apisix/prometheus/metrics`.
@@ -438,8 +412,8 @@ mod cache_tests {
         assert_eq!(m.requests.load(Ordering::Relaxed), 3 * 10_000 + 2 * 100);
     }
 
-    /// The cache key packs the upstream address: an IPv4 node and its IPv4-mapped IPv6 form (same bits, same
-    /// port) are different `node` labels, and every request lands on its own label set, hit or miss.
+    /// The cache key holds the upstream address exactly: an IPv4 node and its IPv4-mapped IPv6 form are different
+    /// `node` labels, and every request lands on its own label set, hit or miss.
     #[test]
     fn nodes_that_pack_alike_keep_their_own_series() {
         let mut buf = bytes::BytesMut::from(&b"GET /r HTTP/1.1\r\nHost: a\r\n\r\n"[..]);
