@@ -41,15 +41,20 @@ impl<'a> ReqView<'a> {
         local: SocketAddr,
         scheme: &'static str,
     ) -> Result<Self, UriError> {
+        let host = head.host_str().map(host_of);
+        Self::with_host(head, peer, local, scheme, host)
+    }
+
+    /// [`ReqView::new`] with the host already worked out: `host` must be `head.host_str().map(host_of)` (the
+    /// proxy takes it from the connection's [`HostMemo`]).
+    pub fn with_host(
+        head: &'a RequestHead,
+        peer: SocketAddr,
+        local: SocketAddr,
+        scheme: &'static str,
+        host: Option<Cow<'a, str>>,
+    ) -> Result<Self, UriError> {
         let uri = uri::normalize(head.path_str())?;
-        let host = head.host_str().map(|h| {
-            let h = strip_port(h);
-            if h.bytes().any(|b| b.is_ascii_uppercase()) {
-                Cow::Owned(h.to_ascii_lowercase())
-            } else {
-                Cow::Borrowed(h)
-            }
-        });
         Ok(ReqView {
             head,
             uri,
@@ -107,6 +112,57 @@ impl<'a> ReqView<'a> {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             (k == name).then_some(v)
         })
+    }
+}
+
+/// The host as routing and plugins see it ([`ReqView::host`]) from the Host as sent: the port cut, lower-cased
+/// (borrowed when it already is).
+pub fn host_of(h: &str) -> Cow<'_, str> {
+    let h = strip_port(h);
+    if h.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(h.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(h)
+    }
+}
+
+/// A connection's last Host as sent and as [`ReqView::host`] holds it. The requests of a keep-alive connection
+/// nearly always send the same Host: comparing its bytes with the previous request's is cheaper than checking
+/// them as UTF-8, cutting the port and looking for upper case again. A different Host is worked out as
+/// [`ReqView::new`] does and remembered instead (one allocation).
+#[derive(Debug, Clone, Default)]
+pub struct HostMemo(Option<std::rc::Rc<HostText>>);
+
+/// One Host: the bytes as sent and `host_of` of them.
+#[derive(Debug)]
+pub struct HostText {
+    raw: Box<[u8]>,
+    text: Box<str>,
+}
+
+impl HostText {
+    /// The host for [`ReqView::with_host`].
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+impl HostMemo {
+    /// The host of a request whose Host (as sent) is `raw`.
+    pub fn get(&mut self, raw: &[u8]) -> std::rc::Rc<HostText> {
+        if let Some(m) = &self.0 {
+            if *m.raw == *raw {
+                return m.clone();
+            }
+        }
+        // As `RequestHead::host_str` reads a span: "" when it is not UTF-8 (the parser admits none such).
+        let text = host_of(std::str::from_utf8(raw).unwrap_or_default());
+        let m = std::rc::Rc::new(HostText {
+            raw: raw.into(),
+            text: text.into(),
+        });
+        self.0 = Some(m.clone());
+        m
     }
 }
 
@@ -184,5 +240,34 @@ mod tests {
         assert_eq!(strip_port("a.com"), "a.com");
         assert_eq!(strip_port("[::1]:80"), "[::1]");
         assert_eq!(strip_port("[::1]"), "[::1]");
+    }
+}
+
+#[cfg(test)]
+mod host_memo_tests {
+    use super::*;
+
+    /// The memo gives what `ReqView::new` computes, for the bytes of this request, whatever the previous one sent.
+    #[test]
+    fn the_memo_answers_as_the_view_does_for_every_host() {
+        let mut memo = HostMemo::default();
+        let hosts: [&[u8]; 9] = [
+            b"a.example",
+            b"a.example",
+            b"b.example",
+            b"B.example:80",
+            b"b.example",
+            b"[::1]:8080",
+            b"",
+            b"a.example\xff",
+            b"a.example",
+        ];
+        for raw in hosts {
+            let want = host_of(std::str::from_utf8(raw).unwrap_or_default()).into_owned();
+            assert_eq!(memo.get(raw).text(), want, "{raw:?}");
+        }
+        let first = memo.get(b"c.example");
+        assert!(std::rc::Rc::ptr_eq(&first, &memo.get(b"c.example")));
+        assert!(!std::rc::Rc::ptr_eq(&first, &memo.get(b"C.example")));
     }
 }

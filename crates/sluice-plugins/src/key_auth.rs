@@ -94,7 +94,7 @@ fn compile(v: &Value, env: &CompileEnv<'_>) -> Result<Arc<dyn Plugin>, String> {
 }
 
 impl KeyAuth {
-    fn find(&self, ctx: &mut Ctx<'_>) -> Result<Arc<ConsumerRt>, &'static str> {
+    fn find(&self, ctx: &mut Ctx<'_>) -> Result<&ConsumerRt, &'static str> {
         let (key, from_header) = match ctx.req.head.header(&self.header) {
             Some(k) => (k, true),
             None => match ctx.req.arg(&self.query) {
@@ -106,11 +106,10 @@ impl KeyAuth {
         // Keys are UTF-8 (JSON strings): a header value that is not is looked up as the empty key, as it always
         // was, checked only on this miss path instead of on every request.
         let found = match keys.get(key) {
-            Some(c) => c.clone(),
-            None if std::str::from_utf8(key).is_err() => keys
-                .get(&b""[..])
-                .cloned()
-                .ok_or("Invalid API key in request")?,
+            Some(c) => c,
+            None if std::str::from_utf8(key).is_err() => {
+                keys.get(&b""[..]).ok_or("Invalid API key in request")?
+            }
             None => return Err("Invalid API key in request"),
         };
         if self.hide {

@@ -81,7 +81,7 @@ mod zipkin;
 
 pub use chain::{Chain, CompileEnv, PluginOrder, Shared};
 pub use ctx::{Ctx, Edits, LogInfo, RespEdits, RouteMeta};
-pub use ctx_view::ReqView;
+pub use ctx_view::{host_of, HostMemo, HostText, ReqView};
 pub use effect::{CallFailure, CallTimeouts, Effect, Resume, UpstreamCall};
 pub use filters::{body_ended, body_filters, filters_body, header_filters, BodyChunk};
 pub use prometheus::serve_metrics;

@@ -411,4 +411,48 @@ mod cache_tests {
         );
         assert_eq!(m.requests.load(Ordering::Relaxed), 3 * 10_000 + 2 * 100);
     }
+
+    /// The cache key holds the upstream address exactly: an IPv4 node and its IPv4-mapped IPv6 form are different
+    /// `node` labels, and every request lands on its own label set, hit or miss.
+    #[test]
+    fn nodes_that_pack_alike_keep_their_own_series() {
+        let mut buf = bytes::BytesMut::from(&b"GET /r HTTP/1.1\r\nHost: a\r\n\r\n"[..]);
+        let head = sluice_http::parse_request(&mut buf, &sluice_http::Limits::default())
+            .unwrap()
+            .unwrap();
+        let addr: std::net::SocketAddr = "127.0.0.1:80".parse().unwrap();
+        let view = crate::ReqView::new(&head, addr, addr, "http").unwrap();
+        let m = Metrics::default();
+        let nodes = [
+            "127.0.0.1:80",
+            "[::ffff:127.0.0.1]:80",
+            "127.0.0.1:81",
+            "[::1]:80",
+        ];
+        for _ in 0..3 {
+            for n in nodes {
+                let info = LogInfo {
+                    status: 200,
+                    request_bytes: 1,
+                    response_bytes: 1,
+                    latency: std::time::Duration::from_micros(100),
+                    upstream_latency: None,
+                    upstream_addr: Some(n.parse().unwrap()),
+                    upstream_status: None,
+                };
+                m.record(&Ctx::new(&view, "r1"), &info, false);
+            }
+        }
+        let map = m.series.read().unwrap();
+        let count = |node: &str| {
+            map.iter()
+                .filter(|(l, _)| &*l.node == node)
+                .map(|(_, s)| s.status.load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        assert_eq!(count("127.0.0.1"), 6);
+        assert_eq!(count("::ffff:127.0.0.1"), 3);
+        assert_eq!(count("::1"), 3);
+        assert_eq!(map.len(), 3);
+    }
 }

@@ -5,6 +5,7 @@
 //! and small body upstream, one read, one write back. No locks, no per-request `Arc` clone of the snapshot (the
 //! connection re-reads it only when the generation counter moved), and buffers are reused across requests.
 
+use std::borrow::Cow;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -112,6 +113,9 @@ pub(crate) struct Conn<S> {
     timer: Deadline,
     /// The X-Forwarded-* lines of this connection, formatted at its first upstream request.
     fwd_lines: Option<forward::FwdLines>,
+    /// The previous request's Host as sent and as routing sees it: the next request naming the same bytes skips
+    /// the UTF-8 check and the port / case handling.
+    host_memo: sluice_plugins::HostMemo,
 }
 
 /// One timer a connection reuses for its waits instead of arming and dropping a new one per wait. A wait whose
@@ -217,9 +221,9 @@ struct UpRec<'s> {
     upstream: Option<std::time::Duration>,
     /// Request body bytes forwarded.
     body_in: u64,
-    /// When the last upstream attempt ended (the response written): spares the request's own end-of-request
-    /// clock read.
-    end: Option<Instant>,
+    /// How long the request took up to the end of the upstream attempt that answered (the response written),
+    /// from the request's own clock reads: spares the end-of-request clock read and a second subtraction.
+    elapsed: Option<std::time::Duration>,
 }
 
 /// How far one attempt got before it failed: decides whether another node may be tried.
@@ -316,6 +320,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             client_ip: addrs.client_ip,
             server_port: addrs.server_port,
             params: Params::new(),
+            host_memo: Default::default(),
             w,
             shutdown,
             mtls_gate: None,
@@ -533,8 +538,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
         let mut up = UpRec::default();
         let r = self.serve(snap, &head, &mut up, start).await;
-        let elapsed = match up.end {
-            Some(end) => end.saturating_duration_since(start),
+        let elapsed = match up.elapsed {
+            Some(d) => d,
             None => start.elapsed(),
         };
         let status = self.final_status(&r);
@@ -662,13 +667,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let client_ip = self.client_ip.clone();
         // Routing, vars and plugins see nginx's `$uri`; a path that has none (bad escape, `..` above the root) is
         // refused like nginx does, before anything else looks at it.
-        let view = match ReqView::new(head, self.peer, self.local, self.scheme).and_then(|v| {
-            if self.w.shared.cfg.normalize_uri_like_servlet {
-                v.like_servlet()
-            } else {
-                Ok(v)
-            }
-        }) {
+        let host = head.host.map(|h| self.host_memo.get(head.slice(h)));
+        let host_text = host.as_deref().map(|h| Cow::Borrowed(h.text()));
+        let view = match ReqView::with_host(head, self.peer, self.local, self.scheme, host_text)
+            .and_then(|v| {
+                if self.w.shared.cfg.normalize_uri_like_servlet {
+                    v.like_servlet()
+                } else {
+                    Ok(v)
+                }
+            }) {
             Ok(v) => v.with_peer_text(&client_ip),
             Err(e) => {
                 let e = Error::downstream(Kind::BadRequest(400), e.to_string());
@@ -860,13 +868,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     t0,
                 )
                 .await;
-            // This clock read also ends the request for the live counters (`rec.end`).
+            // This clock read also ends the request for the live counters and the log phase (`rec.elapsed`).
             let end = Instant::now();
             let spent = end.saturating_duration_since(t0);
             up.balancer
                 .on_request_end_at(node_idx, spent, res.is_ok(), end);
+            // The first attempt without plugins started at the request's own clock read: the same span.
+            let elapsed = if t0 == req_start {
+                spent
+            } else {
+                end.saturating_duration_since(req_start)
+            };
             if res.is_ok() {
-                rec.end = Some(end);
+                rec.elapsed = Some(elapsed);
             }
             rec.node = node_idx;
             rec.attempted = true;
@@ -899,7 +913,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                             status: done.status,
                             request_bytes: head.buf.len() as u64 + done.request_body,
                             response_bytes: done.response_bytes,
-                            latency: req_start.elapsed(),
+                            latency: elapsed,
                             upstream_latency: Some(done.upstream_latency),
                             upstream_addr: Some(up.nodes[node_idx].addr),
                             upstream_status: ctx.upstream_head().map(|h| h.status),

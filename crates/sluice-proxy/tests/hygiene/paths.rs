@@ -240,3 +240,49 @@ fn uri_var_and_proxy_rewrite_see_the_normalised_path_and_cannot_split_the_reques
         "public GET /new/a%0D%0AX-Injected:%20y HTTP/1.1"
     );
 }
+
+/// The statuses of every response in `out`, in order (an echoed body ends in `HTTP/1.1` without a space).
+fn statuses(out: &[u8]) -> Vec<u16> {
+    out.windows(13)
+        .filter(|w| w.starts_with(b"HTTP/1.1 ") && w[12] == b' ')
+        .filter_map(|w| std::str::from_utf8(&w[9..12]).ok()?.parse().ok())
+        .collect()
+}
+
+/// A connection remembers its previous request's Host (routing skips re-checking the same bytes): a client that
+/// switches Host on one keep-alive connection, to a name of the same length, in another case or with a port, must
+/// meet the host route's key-auth every time it names that host and never inherit the previous request's route.
+#[test]
+fn a_host_switched_on_a_keep_alive_connection_is_routed_afresh() {
+    let (admin, public) = (Echo::start("admin"), Echo::start("public"));
+    let route = json!({"id": "admin-host", "uri": "/h", "host": "admin.example", "plugins": {"key-auth": {}},
+                       "upstream": {"nodes": {admin.addr.to_string(): 1}}});
+    let gw = gateway(&admin, &public, false, route);
+    let hosts = [
+        "adnim.example",
+        "admin.example",
+        "adnim.example",
+        "ADMIN.example:8080",
+        "admin.example",
+        "adnim.example:80",
+        "admin.example",
+    ];
+    let mut raw = String::new();
+    for (i, h) in hosts.iter().enumerate() {
+        let close = if i + 1 == hosts.len() {
+            "Connection: close\r\n"
+        } else {
+            ""
+        };
+        raw.push_str(&format!("GET /h HTTP/1.1\r\nHost: {h}\r\n{close}\r\n"));
+    }
+    let out = exchange(gw.addr, raw.as_bytes());
+    assert_eq!(
+        statuses(&out),
+        [200, 401, 200, 401, 401, 200, 401],
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    assert!(admin.lines().is_empty(), "{:?}", admin.lines());
+    assert_eq!(public.lines().len(), 3, "{:?}", public.lines());
+}
