@@ -667,8 +667,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let client_ip = self.client_ip.clone();
         // Routing, vars and plugins see nginx's `$uri`; a path that has none (bad escape, `..` above the root) is
         // refused like nginx does, before anything else looks at it.
-        let host = head.host.map(|h| self.host_memo.get(head.slice(h)));
-        let host_text = host.as_deref().map(|h| Cow::Borrowed(h.text()));
+        // An h2 stream's `Conn` serves one request: a memo would only cost its allocations.
+        let host = match self.h2 {
+            false => head.host.map(|h| self.host_memo.get(head.slice(h))),
+            true => None,
+        };
+        let host_text = match &host {
+            Some(h) => Some(Cow::Borrowed(h.text())),
+            None => head.host_str().map(sluice_plugins::host_of),
+        };
         let view = match ReqView::with_host(head, self.peer, self.local, self.scheme, host_text)
             .and_then(|v| {
                 if self.w.shared.cfg.normalize_uri_like_servlet {
