@@ -69,6 +69,7 @@ pub(crate) enum PassHost {
     Rewrite(Box<[u8]>),
 }
 
+#[derive(PartialEq)]
 pub(crate) enum HashOn {
     Var(Var),
     Header(Box<str>),
@@ -96,23 +97,30 @@ pub(crate) struct PoolCfg {
 pub(crate) struct UpstreamRt {
     pub balancer: Balancer,
     pub nodes: Vec<NodeRt>,
+    pub pass_host: PassHost,
+    pub pool: PoolCfg,
+    /// `scheme: grpc`/`grpcs`: requests go over a multiplexed HTTP/2 connection (`h2::upstream`), not the pool.
+    pub h2: bool,
+    /// The configuration this was compiled from: an unchanged upstream keeps its runtime across reloads.
+    /// Shared with the route (or service, or upstream) it came from: one copy of the configuration, not two.
+    source: Arc<Upstream>,
+    /// What most upstreams leave unset, read through `Deref` (`rt.retries`, `rt.missing`, ...): one `Arc` shared
+    /// by every runtime that sets none of it (issue 16: ~170 bytes per route with an inline upstream otherwise).
+    rare: Arc<Rare>,
+}
+
+/// The parts of an [`UpstreamRt`] most upstreams leave at their defaults (see `UpstreamRt::rare`).
+pub(crate) struct Rare {
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// For `https` active probes: the upstream's TLS settings (client certificate included) without ALPN h2.
     pub probe_tls: Option<Arc<rustls::ClientConfig>>,
-    pub pass_host: PassHost,
     pub hash_on: HashOn,
     /// `None`: as many as there are other nodes (APISIX's default).
     pub retries: Option<u32>,
     pub retry_timeout: Option<Duration>,
     pub timeouts: Option<Timeouts>,
-    pub pool: PoolCfg,
-    /// `scheme: grpc`/`grpcs`: requests go over a multiplexed HTTP/2 connection (`h2::upstream`), not the pool.
-    pub h2: bool,
     /// `checks.active`: probed by the checker task (`health_check::run`).
     pub active: Option<Arc<ActiveCheck>>,
-    /// The configuration this was compiled from: an unchanged upstream keeps its runtime across reloads.
-    /// Shared with the route (or service, or upstream) it came from: one copy of the configuration, not two.
-    source: Arc<Upstream>,
     /// The `ssls` entry `tls.client_cert_id` named: changing it changes the upstream too.
     client_ssl: Option<Box<sluice_model::Ssl>>,
     /// A `type` Sluice has no balancer for, with several nodes. APISIX accepts any `type` when it is written and
@@ -127,6 +135,65 @@ pub(crate) struct UpstreamRt {
     pub missing: Option<(u16, Box<str>)>,
 }
 
+impl Rare {
+    fn new() -> Rare {
+        Rare {
+            tls: None,
+            probe_tls: None,
+            hash_on: HashOn::Var(Var::parse("remote_addr")),
+            retries: None,
+            retry_timeout: None,
+            timeouts: None,
+            active: None,
+            client_ssl: None,
+            unsupported: None,
+            missing: None,
+        }
+    }
+
+    /// `self` behind an `Arc`: the shared one when every field has its default.
+    fn shared(self) -> Arc<Rare> {
+        static DEFAULT: std::sync::LazyLock<Arc<Rare>> =
+            std::sync::LazyLock::new(|| Arc::new(Rare::new()));
+        let Rare {
+            tls,
+            probe_tls,
+            hash_on,
+            retries,
+            retry_timeout,
+            timeouts,
+            active,
+            client_ssl,
+            unsupported,
+            missing,
+        } = &self;
+        let default = tls.is_none()
+            && probe_tls.is_none()
+            && *hash_on == DEFAULT.hash_on
+            && retries.is_none()
+            && retry_timeout.is_none()
+            && timeouts.is_none()
+            && active.is_none()
+            && client_ssl.is_none()
+            && unsupported.is_none()
+            && missing.is_none();
+        if default {
+            DEFAULT.clone()
+        } else {
+            Arc::new(self)
+        }
+    }
+}
+
+impl std::ops::Deref for UpstreamRt {
+    type Target = Rare;
+
+    #[inline]
+    fn deref(&self) -> &Rare {
+        &self.rare
+    }
+}
+
 impl UpstreamRt {
     /// The runtime of an `upstream_id` that names nothing: no nodes, every request 502 (see `missing`).
     pub(super) const NO_UPSTREAM_CONF: &'static str =
@@ -134,46 +201,40 @@ impl UpstreamRt {
 
     /// A route with plugins and no upstream at all (APISIX's 503 when no plugin answers).
     pub(super) fn unconfigured() -> UpstreamRt {
-        UpstreamRt {
-            missing: Some((503, Self::NO_UPSTREAM_CONF.into())),
-            ..UpstreamRt::missing("")
-        }
+        UpstreamRt::failing(Arc::default(), 503, Self::NO_UPSTREAM_CONF.into())
     }
 
     pub(super) fn missing(id: &str) -> UpstreamRt {
+        UpstreamRt::failing(
+            Arc::default(),
+            502,
+            format!("failed to fetch upstream info by upstream id [{id}]").into(),
+        )
+    }
+
+    /// A discovered upstream without nodes: every request 503 with `why` logged (see `missing`).
+    fn unavailable(u: &Arc<Upstream>, why: String) -> UpstreamRt {
+        UpstreamRt::failing(u.clone(), 503, why.into())
+    }
+
+    /// A runtime without nodes whose every request gets `status` (see `Rare::missing`).
+    fn failing(source: Arc<Upstream>, status: u16, why: Box<str>) -> UpstreamRt {
         UpstreamRt {
             balancer: Balancer::new(LbKind::RoundRobin, Vec::new()),
             nodes: Vec::new(),
-            tls: None,
-            probe_tls: None,
             pass_host: PassHost::Pass,
-            hash_on: HashOn::Consumer,
-            retries: None,
-            retry_timeout: None,
-            timeouts: None,
             pool: PoolCfg {
                 size: 0,
                 idle_timeout: Duration::ZERO,
                 requests: 1,
             },
             h2: false,
-            active: None,
-            source: Arc::default(),
-            client_ssl: None,
-            unsupported: None,
-            missing: Some((
-                502,
-                format!("failed to fetch upstream info by upstream id [{id}]").into(),
-            )),
-        }
-    }
-
-    /// A discovered upstream without nodes: every request 503 with `why` logged (see `missing`).
-    fn unavailable(u: &Arc<Upstream>, why: String) -> UpstreamRt {
-        UpstreamRt {
-            source: u.clone(),
-            missing: Some((503, why.into())),
-            ..UpstreamRt::missing("")
+            source,
+            rare: Arc::new(Rare {
+                hash_on: HashOn::Consumer,
+                missing: Some((status, why)),
+                ..Rare::new()
+            }),
         }
     }
 }
@@ -1513,23 +1574,26 @@ fn compile_upstream(u: &Arc<Upstream>, ssls: &tls::SslsById<'_>) -> Result<Upstr
     };
     Ok(UpstreamRt {
         source: u.clone(),
-        client_ssl,
-        unsupported,
-        missing: None,
-        probe_tls: base_tls,
-        active: checks.active.map(Arc::new),
+        rare: Rare {
+            client_ssl,
+            unsupported,
+            missing: None,
+            probe_tls: base_tls,
+            active: checks.active.map(Arc::new),
+            tls: tls_cfg,
+            hash_on,
+            retries: u.retries,
+            retry_timeout: u
+                .retry_timeout
+                .filter(|t| *t > 0.0)
+                .map(Duration::from_secs_f64),
+            timeouts: u.timeout.map(Timeouts::from),
+        }
+        .shared(),
         balancer,
         nodes,
-        tls: tls_cfg,
         h2,
         pass_host,
-        hash_on,
-        retries: u.retries,
-        retry_timeout: u
-            .retry_timeout
-            .filter(|t| *t > 0.0)
-            .map(Duration::from_secs_f64),
-        timeouts: u.timeout.map(Timeouts::from),
         pool: PoolCfg {
             size: kp.size as usize,
             idle_timeout: Duration::from_secs_f64(kp.idle_timeout.max(0.0)),
