@@ -69,6 +69,7 @@ pub(crate) enum PassHost {
     Rewrite(Box<[u8]>),
 }
 
+#[derive(PartialEq)]
 pub(crate) enum HashOn {
     Var(Var),
     Header(Box<str>),
@@ -96,23 +97,30 @@ pub(crate) struct PoolCfg {
 pub(crate) struct UpstreamRt {
     pub balancer: Balancer,
     pub nodes: Vec<NodeRt>,
+    pub pass_host: PassHost,
+    pub pool: PoolCfg,
+    /// `scheme: grpc`/`grpcs`: requests go over a multiplexed HTTP/2 connection (`h2::upstream`), not the pool.
+    pub h2: bool,
+    /// The configuration this was compiled from: an unchanged upstream keeps its runtime across reloads.
+    /// Shared with the route (or service, or upstream) it came from: one copy of the configuration, not two.
+    source: Arc<Upstream>,
+    /// What most upstreams leave unset, read through `Deref` (`rt.retries`, `rt.missing`, ...): one `Arc` shared
+    /// by every runtime that sets none of it (issue 16: ~170 bytes per route with an inline upstream otherwise).
+    rare: Arc<Rare>,
+}
+
+/// The parts of an [`UpstreamRt`] most upstreams leave at their defaults (see `UpstreamRt::rare`).
+pub(crate) struct Rare {
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// For `https` active probes: the upstream's TLS settings (client certificate included) without ALPN h2.
     pub probe_tls: Option<Arc<rustls::ClientConfig>>,
-    pub pass_host: PassHost,
     pub hash_on: HashOn,
     /// `None`: as many as there are other nodes (APISIX's default).
     pub retries: Option<u32>,
     pub retry_timeout: Option<Duration>,
     pub timeouts: Option<Timeouts>,
-    pub pool: PoolCfg,
-    /// `scheme: grpc`/`grpcs`: requests go over a multiplexed HTTP/2 connection (`h2::upstream`), not the pool.
-    pub h2: bool,
     /// `checks.active`: probed by the checker task (`health_check::run`).
     pub active: Option<Arc<ActiveCheck>>,
-    /// The configuration this was compiled from: an unchanged upstream keeps its runtime across reloads.
-    /// Shared with the route (or service, or upstream) it came from: one copy of the configuration, not two.
-    source: Arc<Upstream>,
     /// The `ssls` entry `tls.client_cert_id` named: changing it changes the upstream too.
     client_ssl: Option<Box<sluice_model::Ssl>>,
     /// A `type` Sluice has no balancer for, with several nodes. APISIX accepts any `type` when it is written and
@@ -127,6 +135,65 @@ pub(crate) struct UpstreamRt {
     pub missing: Option<(u16, Box<str>)>,
 }
 
+impl Rare {
+    fn new() -> Rare {
+        Rare {
+            tls: None,
+            probe_tls: None,
+            hash_on: HashOn::Var(Var::parse("remote_addr")),
+            retries: None,
+            retry_timeout: None,
+            timeouts: None,
+            active: None,
+            client_ssl: None,
+            unsupported: None,
+            missing: None,
+        }
+    }
+
+    /// `self` behind an `Arc`: the shared one when every field has its default.
+    fn shared(self) -> Arc<Rare> {
+        static DEFAULT: std::sync::LazyLock<Arc<Rare>> =
+            std::sync::LazyLock::new(|| Arc::new(Rare::new()));
+        let Rare {
+            tls,
+            probe_tls,
+            hash_on,
+            retries,
+            retry_timeout,
+            timeouts,
+            active,
+            client_ssl,
+            unsupported,
+            missing,
+        } = &self;
+        let default = tls.is_none()
+            && probe_tls.is_none()
+            && *hash_on == DEFAULT.hash_on
+            && retries.is_none()
+            && retry_timeout.is_none()
+            && timeouts.is_none()
+            && active.is_none()
+            && client_ssl.is_none()
+            && unsupported.is_none()
+            && missing.is_none();
+        if default {
+            DEFAULT.clone()
+        } else {
+            Arc::new(self)
+        }
+    }
+}
+
+impl std::ops::Deref for UpstreamRt {
+    type Target = Rare;
+
+    #[inline]
+    fn deref(&self) -> &Rare {
+        &self.rare
+    }
+}
+
 impl UpstreamRt {
     /// The runtime of an `upstream_id` that names nothing: no nodes, every request 502 (see `missing`).
     pub(super) const NO_UPSTREAM_CONF: &'static str =
@@ -134,46 +201,40 @@ impl UpstreamRt {
 
     /// A route with plugins and no upstream at all (APISIX's 503 when no plugin answers).
     pub(super) fn unconfigured() -> UpstreamRt {
-        UpstreamRt {
-            missing: Some((503, Self::NO_UPSTREAM_CONF.into())),
-            ..UpstreamRt::missing("")
-        }
+        UpstreamRt::failing(Arc::default(), 503, Self::NO_UPSTREAM_CONF.into())
     }
 
     pub(super) fn missing(id: &str) -> UpstreamRt {
+        UpstreamRt::failing(
+            Arc::default(),
+            502,
+            format!("failed to fetch upstream info by upstream id [{id}]").into(),
+        )
+    }
+
+    /// A discovered upstream without nodes: every request 503 with `why` logged (see `missing`).
+    fn unavailable(u: &Arc<Upstream>, why: String) -> UpstreamRt {
+        UpstreamRt::failing(u.clone(), 503, why.into())
+    }
+
+    /// A runtime without nodes whose every request gets `status` (see `Rare::missing`).
+    fn failing(source: Arc<Upstream>, status: u16, why: Box<str>) -> UpstreamRt {
         UpstreamRt {
             balancer: Balancer::new(LbKind::RoundRobin, Vec::new()),
             nodes: Vec::new(),
-            tls: None,
-            probe_tls: None,
             pass_host: PassHost::Pass,
-            hash_on: HashOn::Consumer,
-            retries: None,
-            retry_timeout: None,
-            timeouts: None,
             pool: PoolCfg {
                 size: 0,
                 idle_timeout: Duration::ZERO,
                 requests: 1,
             },
             h2: false,
-            active: None,
-            source: Arc::default(),
-            client_ssl: None,
-            unsupported: None,
-            missing: Some((
-                502,
-                format!("failed to fetch upstream info by upstream id [{id}]").into(),
-            )),
-        }
-    }
-
-    /// A discovered upstream without nodes: every request 503 with `why` logged (see `missing`).
-    fn unavailable(u: &Arc<Upstream>, why: String) -> UpstreamRt {
-        UpstreamRt {
-            source: u.clone(),
-            missing: Some((503, why.into())),
-            ..UpstreamRt::missing("")
+            source,
+            rare: Arc::new(Rare {
+                hash_on: HashOn::Consumer,
+                missing: Some((status, why)),
+                ..Rare::new()
+            }),
         }
     }
 }
@@ -187,7 +248,6 @@ pub(crate) struct Served {
     pub meta: sluice_plugins::RouteMeta,
     /// Upstreams plugins pick per request instead of the route's (traffic-split), by the plugin's index.
     pub splits: Box<[CompiledRoute]>,
-    spec: Arc<RouteSpec<()>>,
     /// The router's tie-break among candidates of equal priority: increasing with the route's position in the
     /// configuration, with gaps, so a route added between two others takes an order between theirs.
     order: u32,
@@ -206,7 +266,6 @@ impl Served {
             route: self.route.clone(),
             meta: self.meta.clone(),
             splits,
-            spec: self.spec.clone(),
             order: self.order,
             slot: self.slot,
             input: self.input.clone(),
@@ -214,6 +273,19 @@ impl Served {
             plugin_config: self.plugin_config.clone(),
             upstream_id: self.upstream_id.clone(),
         }
+    }
+
+    /// The router's view of the route, made again from its inputs when the router needs it (issue 16: kept per
+    /// route it was a second copy of what `input` holds, ~190 bytes a route).
+    fn spec(&self) -> RouteSpec<()> {
+        spec_of(&self.input, self.service.as_deref())
+    }
+
+    /// Whether `self` and `other` match the same requests (values aside): same inputs by pointer, else compared.
+    fn same_match(&self, other: &Served) -> bool {
+        (Arc::ptr_eq(&self.input, &other.input)
+            && same_ptr(self.service.as_ref(), other.service.as_ref()))
+            || reuse::same_spec(&self.spec(), &other.spec())
     }
 
     fn placed(mut self, order: u32, slot: u32) -> Served {
@@ -587,7 +659,7 @@ impl Snapshot {
                     .map(|o| &o.route.upstream);
                 upstream_runtime(u, inherit, &ssls, None)
             };
-            let fresh = match compile_route(r, &cx, &mut runtime, &mut missing_up, old.as_deref()) {
+            let fresh = match compile_route(r, &cx, &mut runtime, &mut missing_up) {
                 Ok(f) => f,
                 Err(e) => return Some(Err(e)),
             };
@@ -639,11 +711,10 @@ impl Snapshot {
                 }
             };
             let served = Arc::new(fresh.placed(order, slot));
-            let matching_changed = old
-                .as_ref()
-                .is_none_or(|o| !Arc::ptr_eq(&o.spec, &served.spec));
+            let matching_changed = old.as_ref().is_none_or(|o| !o.same_match(&served));
             if matching_changed {
-                if let Err(e) = edit(&mut edited, &self.router).insert(order, &*served.spec, slot) {
+                if let Err(e) = edit(&mut edited, &self.router).insert(order, &served.spec(), slot)
+                {
                     return Some(Err(err_of(&served.route.id, e)));
                 }
             }
@@ -742,7 +813,7 @@ impl Snapshot {
         // (compile, previous compile, whether the compile is the previous one reused)
         let mut compiled: Vec<Option<Compiled>> = Vec::with_capacity(res.routes.len());
         // Routes compiled afresh, for the router's per-route checks.
-        let mut fresh: Vec<(Arc<RouteSpec<()>>, Arc<str>)> = Vec::new();
+        let mut fresh: Vec<(RouteSpec<()>, Arc<str>)> = Vec::new();
         let mut missing_up: Option<Arc<UpstreamRt>> = None;
         let mut discovered = false;
         for (at, r) in res.routes.iter().enumerate() {
@@ -771,9 +842,9 @@ impl Snapshot {
                 }
             }
             *current_old.borrow_mut() = old.clone();
-            let s = compile_route(r, &cx, &mut runtime, &mut missing_up, old.as_deref())?;
-            if old.as_ref().is_none_or(|o| !Arc::ptr_eq(&o.spec, &s.spec)) {
-                fresh.push((s.spec.clone(), s.route.id.clone()));
+            let s = compile_route(r, &cx, &mut runtime, &mut missing_up)?;
+            if old.as_ref().is_none_or(|o| !o.same_match(&s)) {
+                fresh.push((s.spec(), s.route.id.clone()));
             }
             compiled.push(Some((s, old, false)));
         }
@@ -791,7 +862,7 @@ impl Snapshot {
             prev.map(|p| &*p.stream),
         )?;
         // The routes compiled afresh go through the router's checks on their own (its errors are per route).
-        Router::build_refs(fresh.iter().map(|(s, _)| (&**s, 0u32))).map_err(|e| {
+        Router::build_refs(fresh.iter().map(|(s, _)| (s, 0u32))).map_err(|e| {
             let id = fresh.get(e.index).map_or("?", |(_, id)| &**id);
             format!("route {id}: {}", e.reason)
         })?;
@@ -826,8 +897,7 @@ impl Snapshot {
                 Some(o) if seen.insert(o.slot) => (o.slot, o.order == order),
                 _ => (slots.alloc(), false),
             };
-            let unchanged_match =
-                same_place && old.as_ref().is_some_and(|o| Arc::ptr_eq(&o.spec, &s.spec));
+            let unchanged_match = same_place && old.as_ref().is_some_and(|o| o.same_match(&s));
             let served = match old {
                 // Kept whole: the same `Arc` (no traffic-split targets to refresh).
                 Some(o)
@@ -1025,14 +1095,12 @@ fn place_orders(olds: &[Option<u32>]) -> Option<Vec<u32>> {
     Some(out)
 }
 
-/// Compiles one enabled route (its order and slot are placed by the caller). `old` is its previous compile, whose
-/// router spec is kept when equal (the router then needs no change for it).
+/// Compiles one enabled route (its order and slot are placed by the caller).
 fn compile_route(
     r: &Arc<Route>,
     cx: &RouteCx<'_, '_>,
     runtime: &mut RuntimeFn<'_>,
     missing_up: &mut Option<Arc<UpstreamRt>>,
-    old: Option<&Served>,
 ) -> Result<Served, String> {
     let ctx = |e: String| format!("route {}: {e}", r.id);
     // A service or plugin config deleted with `?force=true` leaves the route routable (APISIX's router keeps it)
@@ -1044,18 +1112,11 @@ fn compile_route(
         .as_ref()
         .and_then(|id| cx.plugin_configs.get(&id.0));
     let meta = route_meta_of(r, service.map(|s| &**s));
-    let keep = |spec: RouteSpec<()>| -> Arc<RouteSpec<()>> {
-        old.map(|o| &o.spec)
-            .filter(|o| reuse::same_spec(o, &spec))
-            .cloned()
-            .unwrap_or_else(|| Arc::new(spec))
-    };
     // Placed (order and slot) by the caller.
-    let served = |route, spec, upstream_id| Served {
+    let served = |route, upstream_id| Served {
         route,
         meta,
         splits: Box::new([]),
-        spec,
         order: 0,
         slot: 0,
         input: r.clone(),
@@ -1063,8 +1124,7 @@ fn compile_route(
         plugin_config: plugin_config.cloned(),
         upstream_id,
     };
-    let uris = r.all_uris();
-    if uris.is_empty() {
+    if r.uri.is_none() && r.uris.is_empty() {
         return Err(ctx("one of uri or uris is required".into()));
     }
     let dangling = if r.plugin_config_id.is_some() && plugin_config.is_none() {
@@ -1075,11 +1135,6 @@ fn compile_route(
         None
     };
     if let Some(status) = dangling {
-        let spec = spec_of(
-            r,
-            uris,
-            merge_route_service(r, service.map(|s| &**s), None).hosts,
-        );
         let route = CompiledRoute {
             id: Arc::from(r.id.0.as_str()),
             service: r.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
@@ -1093,7 +1148,7 @@ fn compile_route(
             dangling: Some(status),
         };
         // Never reused: `reusable` refuses a dangling route.
-        return Ok(served(route, keep(spec), Some(String::new())));
+        return Ok(served(route, Some(String::new())));
     }
     let eff = merge_route_service(r, service.map(|s| &**s), plugin_config.map(|p| &p.plugins));
     let upstream = match (&eff.upstream, &eff.upstream_id) {
@@ -1117,7 +1172,6 @@ fn compile_route(
         .or(upstream.timeouts)
         .unwrap_or_else(|| Timeout::default().into());
     let plugins = Chain::compile(&eff.plugins, cx.env).map_err(ctx)?;
-    let spec = spec_of(r, uris, eff.hosts.clone());
     let route = CompiledRoute {
         id: Arc::from(r.id.0.as_str()),
         service: r.service_id.as_ref().map(|s| Arc::from(s.0.as_str())),
@@ -1132,13 +1186,20 @@ fn compile_route(
         Some(_) => None,
         None => eff.upstream_id.as_ref().map(|i| i.0.clone()),
     };
-    Ok(served(route, keep(spec), upstream_id))
+    Ok(served(route, upstream_id))
 }
 
-/// The router's view of route `r` with `hosts` (its own or its service's).
-fn spec_of(r: &Route, uris: Vec<String>, hosts: Vec<String>) -> RouteSpec<()> {
+/// The router's view of route `r` under `service` (the route's hosts, else its service's, as
+/// `merge_route_service` gives them).
+fn spec_of(r: &Route, service: Option<&Service>) -> RouteSpec<()> {
+    let mut hosts = r.all_hosts();
+    if hosts.is_empty() {
+        if let Some(s) = service {
+            hosts = s.hosts.clone();
+        }
+    }
     RouteSpec {
-        uris,
+        uris: r.all_uris(),
         hosts,
         methods: r.methods.clone(),
         remote_addrs: r.all_remote_addrs(),
@@ -1251,7 +1312,12 @@ fn route_meta_of(r: &Route, service: Option<&Service>) -> sluice_plugins::RouteM
         service_id: r.service_id.as_ref().map(|i| i.0.as_str().into()),
         route_name: r.name.as_deref().map(Into::into),
         service_name: service.and_then(|s| s.name.as_deref()).map(Into::into),
-        matched_uri: r.all_uris().first().map_or("", String::as_str).into(),
+        matched_uri: r
+            .uri
+            .as_deref()
+            .or(r.uris.first().map(String::as_str))
+            .unwrap_or("")
+            .into(),
         matched_host: host.unwrap_or("").into(),
     }
 }
@@ -1320,7 +1386,7 @@ impl Prepared {
                                 continue;
                             };
                             router
-                                .insert(order, &*s.spec, slot)
+                                .insert(order, &s.spec(), slot)
                                 .map_err(|e| err(&snap, e))?;
                         }
                     }
@@ -1331,7 +1397,7 @@ impl Prepared {
                 let mut router = Router::default();
                 for s in snap.slots.values() {
                     router
-                        .insert(s.order, &*s.spec, s.slot)
+                        .insert(s.order, &s.spec(), s.slot)
                         .map_err(|e| err(&snap, e))?;
                 }
                 snap.router = Arc::new(router);
@@ -1508,23 +1574,26 @@ fn compile_upstream(u: &Arc<Upstream>, ssls: &tls::SslsById<'_>) -> Result<Upstr
     };
     Ok(UpstreamRt {
         source: u.clone(),
-        client_ssl,
-        unsupported,
-        missing: None,
-        probe_tls: base_tls,
-        active: checks.active.map(Arc::new),
+        rare: Rare {
+            client_ssl,
+            unsupported,
+            missing: None,
+            probe_tls: base_tls,
+            active: checks.active.map(Arc::new),
+            tls: tls_cfg,
+            hash_on,
+            retries: u.retries,
+            retry_timeout: u
+                .retry_timeout
+                .filter(|t| *t > 0.0)
+                .map(Duration::from_secs_f64),
+            timeouts: u.timeout.map(Timeouts::from),
+        }
+        .shared(),
         balancer,
         nodes,
-        tls: tls_cfg,
         h2,
         pass_host,
-        hash_on,
-        retries: u.retries,
-        retry_timeout: u
-            .retry_timeout
-            .filter(|t| *t > 0.0)
-            .map(Duration::from_secs_f64),
-        timeouts: u.timeout.map(Timeouts::from),
         pool: PoolCfg {
             size: kp.size as usize,
             idle_timeout: Duration::from_secs_f64(kp.idle_timeout.max(0.0)),

@@ -47,7 +47,9 @@ struct Filter {
 /// One route in the router: its value, its filter and where its candidates sit (for [`Router::remove`]).
 struct Entry<T> {
     value: T,
-    filter: Filter,
+    /// `None` when the route has neither `remote_addrs` nor `vars` (most routes: no per-route filter block; the
+    /// method mask is copied into each candidate).
+    filter: Option<Box<Filter>>,
     /// (host key, `None` for the any-host table; URI key; slot) of each candidate.
     places: Box<[Place]>,
 }
@@ -95,8 +97,9 @@ impl<T> Candidate<T> {
     }
 }
 
-/// Candidates sharing one URI key, in match order.
-type Bucket<T> = Arc<Vec<Candidate<T>>>;
+/// Candidates sharing one URI key, in match order: an exactly sized slice (most keys have one candidate), copied
+/// whole when one is added or removed.
+type Bucket<T> = Arc<[Candidate<T>]>;
 /// A path trie whose payloads are buckets.
 type UriTable<T> = Trie<Bucket<T>>;
 
@@ -226,6 +229,7 @@ impl<T> Router<T> {
             filter.methods,
             !filter.addrs.is_empty() || filter.vars.is_some(),
         );
+        let filter = filtered.then(|| Box::new(filter));
         let host_keys: Vec<Option<HostKey>> = if hosts.is_empty() {
             vec![None]
         } else {
@@ -262,10 +266,16 @@ impl<T> Router<T> {
             for h in &host_keys {
                 self.with_table(h.as_ref(), |t| {
                     t.update(pattern.key.as_bytes(), slot, |b| {
-                        let b = Arc::make_mut(b.get_or_insert_with(Default::default));
+                        let old: &[Candidate<T>] = b.as_deref().unwrap_or(&[]);
                         let rank = cand.rank();
-                        let at = b.partition_point(|c| c.rank() <= rank);
-                        b.insert(at, cand.clone());
+                        let at = old.partition_point(|c| c.rank() <= rank);
+                        let next: Bucket<T> = old[..at]
+                            .iter()
+                            .cloned()
+                            .chain(std::iter::once(cand.clone()))
+                            .chain(old[at..].iter().cloned())
+                            .collect();
+                        *b = Some(next);
                     })
                 });
             }
@@ -284,10 +294,12 @@ impl<T> Router<T> {
                 t.update(key, *slot, |b| {
                     if let Some(bucket) = b {
                         if bucket.iter().any(|c| c.order == order) {
-                            Arc::make_mut(bucket).retain(|c| c.order != order);
-                        }
-                        if bucket.is_empty() {
-                            *b = None;
+                            let rest: Bucket<T> = bucket
+                                .iter()
+                                .filter(|c| c.order != order)
+                                .cloned()
+                                .collect();
+                            *b = (!rest.is_empty()).then_some(rest);
                         }
                     }
                 })
@@ -376,7 +388,9 @@ fn accepts<T, R: MatchRequest>(
     if !c.filtered {
         return c.matcher.matches(path, c.key_len as usize, params);
     }
-    let f = &c.entry.filter;
+    let Some(f) = c.entry.filter.as_deref() else {
+        return c.matcher.matches(path, c.key_len as usize, params);
+    };
     if !f.addrs.is_empty() && !f.addrs.contains(req.remote_addr()) {
         return false;
     }

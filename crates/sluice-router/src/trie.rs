@@ -23,9 +23,10 @@ pub(crate) enum Slot {
 #[derive(Debug, Clone)]
 struct Node<P> {
     label: Box<[u8]>,
-    /// First byte of each child's label, sorted; parallel to `children`.
-    child_bytes: Vec<u8>,
-    children: Vec<Arc<Node<P>>>,
+    /// First byte of each child's label, sorted; parallel to `children`. Exactly sized (issue 16: most nodes of a
+    /// large route table are leaves, and a `Vec` grown by `insert` kept 4-8 slots of slack in each).
+    child_bytes: Box<[u8]>,
+    children: Box<[Arc<Node<P>>]>,
     exact: Option<P>,
     prefix: Option<P>,
 }
@@ -34,8 +35,8 @@ impl<P> Node<P> {
     fn new(label: &[u8]) -> Self {
         Node {
             label: label.into(),
-            child_bytes: Vec::new(),
-            children: Vec::new(),
+            child_bytes: Box::default(),
+            children: Box::default(),
             exact: None,
             prefix: None,
         }
@@ -114,8 +115,8 @@ fn update<P: Clone, R>(
                 Slot::Prefix => &mut leaf.prefix,
             });
             if !leaf.is_empty() {
-                n.child_bytes.insert(at, first);
-                n.children.insert(at, Arc::new(leaf));
+                n.child_bytes = inserted(&n.child_bytes, at, first);
+                n.children = inserted(&n.children, at, Arc::new(leaf));
             }
             return r;
         }
@@ -134,18 +135,18 @@ fn update<P: Clone, R>(
         let mut rest = (**child).clone();
         rest.label = child.label[common..].into();
         let mut mid = Node::new(&child.label[..common]);
-        mid.child_bytes.push(rest.label[0]);
-        mid.children.push(Arc::new(rest));
+        mid.child_bytes = Box::new([rest.label[0]]);
+        mid.children = Box::new([Arc::new(rest)]);
         *child = Arc::new(mid);
     }
     let r = update(child, &key[common..], slot, f);
     // Keep the trie compressed under churn: drop empty nodes, merge a payload-less node into its only child.
     if child.is_empty() {
-        n.child_bytes.remove(at);
-        n.children.remove(at);
+        n.child_bytes = removed(&n.child_bytes, at);
+        n.children = removed(&n.children, at);
     } else if child.exact.is_none() && child.prefix.is_none() && child.children.len() == 1 {
         let c = Arc::make_mut(child);
-        let Some(mut only) = c.children.pop() else {
+        let Some(mut only) = std::mem::take(&mut c.children).into_vec().pop() else {
             unreachable!("one child")
         };
         let label: Box<[u8]> = c.label.iter().chain(only.label.iter()).copied().collect();
@@ -153,6 +154,23 @@ fn update<P: Clone, R>(
         *child = only;
     }
     r
+}
+
+/// `items` with `v` inserted at `at`, exactly sized.
+fn inserted<T: Clone>(items: &[T], at: usize, v: T) -> Box<[T]> {
+    let mut out = Vec::with_capacity(items.len() + 1);
+    out.extend_from_slice(&items[..at]);
+    out.push(v);
+    out.extend_from_slice(&items[at..]);
+    out.into_boxed_slice()
+}
+
+/// `items` without the one at `at`, exactly sized.
+fn removed<T: Clone>(items: &[T], at: usize) -> Box<[T]> {
+    let mut out = Vec::with_capacity(items.len() - 1);
+    out.extend_from_slice(&items[..at]);
+    out.extend_from_slice(&items[at + 1..]);
+    out.into_boxed_slice()
 }
 
 impl<P> Trie<P> {

@@ -501,3 +501,31 @@ fn a_route_added_under_a_traffic_split_service_gets_its_targets() {
     assert_eq!(s1.served_by_id("2").map(|s| s.splits.len()), Some(1));
     assert_eq!(s1.served_by_id("1").map(|s| s.splits.len()), Some(1));
 }
+
+/// Issue 16: upstream runtimes that set none of the rarely set parts share one `Rare`; one that sets some gets its
+/// own with its values.
+#[test]
+fn runtimes_without_rare_settings_share_them() {
+    let shared = Shared::default();
+    let mut v = base();
+    v["routes"][1]["upstream"]["retries"] = json!(2);
+    v["routes"][1]["upstream"]["timeout"] = json!({"connect": 1, "send": 2, "read": 3});
+    let s = Snapshot::compile_with(&res(v), 1, &shared).expect("compile");
+    let up = |id: &str| {
+        s.routes()
+            .find(|r| &*r.id == id)
+            .expect("route")
+            .upstream
+            .clone()
+    };
+    let (a, b, c, d) = (up("1"), up("2"), up("3"), up("4"));
+    assert!(Arc::ptr_eq(&a.rare, &c.rare) && Arc::ptr_eq(&a.rare, &d.rare));
+    assert!(!Arc::ptr_eq(&a.rare, &b.rare));
+    assert_eq!((a.retries, b.retries), (None, Some(2)));
+    assert!(a.timeouts.is_none());
+    let t = b.timeouts.expect("timeouts");
+    assert_eq!(
+        (t.connect.as_secs(), t.send.as_secs(), t.read.as_secs()),
+        (1, 2, 3)
+    );
+}
