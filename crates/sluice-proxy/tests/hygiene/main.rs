@@ -6,6 +6,8 @@
 //! (response splitting) and active/passive health checks with an origin that goes down and comes back.
 
 mod early;
+#[path = "../common/head.rs"]
+mod head;
 mod health;
 mod limits;
 mod malformed;

@@ -11,13 +11,8 @@ fn scripted(raw: &'static [u8]) -> SocketAddr {
             let Ok(mut c) = c else { return };
             std::thread::spawn(move || {
                 let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match c.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
+                if crate::head::read_head(&mut c).is_none() {
+                    return;
                 }
                 let _ = c.write_all(raw);
             });
@@ -128,13 +123,8 @@ fn length_body_in_pieces_to_a_late_reader_arrives_whole_and_alone() {
     std::thread::spawn(move || {
         let Ok((mut c, _)) = l.accept() else { return };
         let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-            match c.read(&mut chunk) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
+        if crate::head::read_head(&mut c).is_none() {
+            return;
         }
         let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {LEN}\r\n\r\n");
         if c.write_all(head.as_bytes()).is_err() {

@@ -36,14 +36,9 @@ fn origin() -> SocketAddr {
             let Ok(mut c) = c else { return };
             std::thread::spawn(move || {
                 let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match c.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
+                let Some(buf) = crate::head::read_head(&mut c) else {
+                    return;
+                };
                 let head = String::from_utf8_lossy(&buf);
                 let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
                 let p = page();

@@ -13,6 +13,8 @@ mod dubbo;
 mod dubbo_java;
 mod forward_auth;
 mod groups;
+#[path = "../common/head.rs"]
+mod head;
 mod jwt;
 mod kafka;
 mod limits;

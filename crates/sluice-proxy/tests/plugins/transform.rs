@@ -3,7 +3,7 @@
 //! they reach the client, and what an attacker sends (malformed, huge, nested, entity bombs) stopped at the
 //! gateway.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
@@ -43,13 +43,8 @@ fn fixed_origin(content_type: &'static str, body: String) -> SocketAddr {
             let body = body.clone();
             std::thread::spawn(move || {
                 let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match c.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
+                if crate::head::read_head(&mut c).is_none() {
+                    return;
                 }
                 let _ = write!(
                     c,
