@@ -5,6 +5,7 @@
 //! them into runtime structures. Field names and defaults follow APISIX 3.x (`apisix/schema_def.lua`).
 
 mod extra;
+mod intern;
 mod merge;
 mod node;
 mod nodemap;

@@ -87,7 +87,10 @@ pub struct Route {
     pub plugins: Plugins,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plugin_config_id: Option<Id>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::intern::de_upstream"
+    )]
     pub upstream: Option<std::sync::Arc<Upstream>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_id: Option<Id>,
@@ -137,7 +140,10 @@ pub struct Service {
     pub desc: Option<String>,
     #[serde(skip_serializing_if = "Map::is_empty")]
     pub plugins: Plugins,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::intern::de_upstream"
+    )]
     pub upstream: Option<std::sync::Arc<Upstream>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_id: Option<Id>,
@@ -440,7 +446,10 @@ pub struct StreamRoute {
     /// TLS server name (a leading `*.` matches any name ending in the rest).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sni: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::intern::de_upstream"
+    )]
     pub upstream: Option<std::sync::Arc<Upstream>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_id: Option<Id>,

@@ -327,6 +327,69 @@ pub struct Snapshot {
     pub(crate) stream: Arc<crate::stream::StreamRouter>,
     /// Whether some route's upstream comes from discovery (such routes compile again on every full compile).
     discovered: bool,
+    /// Runtimes of routes' inline upstreams that routes share (see [`SharedInline`]).
+    shared_inline: Arc<SharedInline>,
+}
+
+/// Routes whose inline upstreams are equal hold one `Arc<Upstream>` (sluice-model interns them when decoding) and
+/// share one runtime: one balancer, as though they named one upstream by id (issue 16: 100k routes to one
+/// backend held 100k runtimes of ~500 bytes). By the configuration's address; a hit counts only when the
+/// runtime was compiled from that very `Arc` (which it keeps alive), so an address reused after a free never
+/// matches. A cache for compiles, never read by requests; carried from a snapshot to its successors.
+#[derive(Default)]
+struct SharedInline {
+    map: std::sync::Mutex<(AHashMap<usize, std::sync::Weak<UpstreamRt>>, usize)>,
+}
+
+impl SharedInline {
+    /// Whether routes may share `u`'s runtime: not with health checks (the checker and the status API list
+    /// those per route), TLS settings (a client certificate's `ssls` entry may change under it) or discovery.
+    fn shareable(u: &Upstream) -> bool {
+        u.checks.is_none() && u.tls.is_none() && u.discovery_type.is_none()
+    }
+
+    fn get(&self, u: &Arc<Upstream>) -> Option<Arc<UpstreamRt>> {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.0
+            .get(&(Arc::as_ptr(u) as usize))
+            .and_then(std::sync::Weak::upgrade)
+            .filter(|rt| Arc::ptr_eq(&rt.source, u))
+    }
+
+    fn put(&self, rt: &Arc<UpstreamRt>) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let (m, swept_at) = &mut *map;
+        m.insert(Arc::as_ptr(&rt.source) as usize, Arc::downgrade(rt));
+        // Dead entries go when the map has doubled since the last sweep: O(1) per insert.
+        if m.len() >= 2 * (*swept_at).max(64) {
+            m.retain(|_, w| w.strong_count() > 0);
+            *swept_at = m.len();
+        }
+    }
+
+    /// The runtime for a route's inline upstream `u`: the route's own previous one `old` when compiled from
+    /// this very `u`, else the one another route shares, else `compile()` (which may inherit `old`'s state).
+    fn runtime(
+        &self,
+        u: &Arc<Upstream>,
+        old: Option<&Arc<UpstreamRt>>,
+        compile: impl FnOnce() -> Result<Arc<UpstreamRt>, String>,
+    ) -> Result<Arc<UpstreamRt>, String> {
+        if !Self::shareable(u) {
+            return compile();
+        }
+        if let Some(o) = old.filter(|o| Arc::ptr_eq(&o.source, u)) {
+            return Ok(o.clone());
+        }
+        if let Some(rt) = self.get(u) {
+            return Ok(rt);
+        }
+        let rt = compile()?;
+        if Arc::ptr_eq(&rt.source, u) {
+            self.put(&rt);
+        }
+        Ok(rt)
+    }
 }
 
 /// Compiles (or keeps across reloads) an upstream runtime under a key.
@@ -357,6 +420,7 @@ impl Snapshot {
             consumers: None,
             stream: Arc::default(),
             discovered: false,
+            shared_inline: Arc::default(),
         }
     }
 
@@ -657,7 +721,8 @@ impl Snapshot {
                     .as_ref()
                     .filter(|o| o.route.inline)
                     .map(|o| &o.route.upstream);
-                upstream_runtime(u, inherit, &ssls, None)
+                self.shared_inline
+                    .runtime(u, inherit, || upstream_runtime(u, inherit, &ssls, None))
             };
             let fresh = match compile_route(r, &cx, &mut runtime, &mut missing_up) {
                 Ok(f) => f,
@@ -748,6 +813,7 @@ impl Snapshot {
                 .or_else(|| self.consumers.clone()),
             stream: self.stream.clone(),
             discovered: self.discovered,
+            shared_inline: self.shared_inline.clone(),
         }))
     }
 
@@ -760,6 +826,8 @@ impl Snapshot {
         discovery: Option<&dyn Discovery>,
     ) -> Result<Prepared, String> {
         let mut upstreams: AHashMap<Box<str>, Arc<UpstreamRt>> = AHashMap::new();
+        // One cache for every compile descending from the first (dead entries are swept as it grows).
+        let shared_inline = prev.map(|p| p.shared_inline.clone()).unwrap_or_default();
         let cache = reuse::Builder::new(prev.map(|p| &p.reuse), res, shared);
         let prev_lookup = reuse::Lookup::new(prev.map(|p| (&p.inputs, &p.table)));
         // The previous compile of the route being compiled (any of its upstream state is inherited).
@@ -776,11 +844,12 @@ impl Snapshot {
             } else {
                 prev.and_then(|p| p.upstreams.get(key.as_str()))
             };
-            let rt = upstream_runtime(u, old, &ssls, discovery)?;
             if !inline {
+                let rt = upstream_runtime(u, old, &ssls, discovery)?;
                 upstreams.insert(key.into_boxed_str(), rt.clone());
+                return Ok(rt);
             }
-            Ok(rt)
+            shared_inline.runtime(u, old, || upstream_runtime(u, old, &ssls, discovery))
         };
         let mut shared_ups: AHashMap<&str, Arc<UpstreamRt>> = AHashMap::new();
         for u in &res.upstreams {
@@ -974,6 +1043,7 @@ impl Snapshot {
                 consumers,
                 stream: Arc::new(stream),
                 discovered,
+                shared_inline,
             },
         })
     }

@@ -529,3 +529,60 @@ fn runtimes_without_rare_settings_share_them() {
         (1, 2, 3)
     );
 }
+
+/// Issue 16: routes with equal inline upstreams (one `Arc` once decoded) share one runtime, in a full compile, in a
+/// per-route successor and in a full compile after it; a route whose upstream differs, or has health checks (the
+/// checker lists those per route), gets its own.
+#[test]
+fn equal_inline_upstreams_share_one_runtime() {
+    let shared = Shared::default();
+    let up = json!({"type": "roundrobin", "nodes": {"127.0.0.1:1990": 1}});
+    let checked = json!({"type": "roundrobin", "nodes": {"127.0.0.1:1990": 1},
+        "checks": {"active": {"http_path": "/status"}}});
+    let r0 = res(json!({"routes": [
+        {"id": "1", "uri": "/1", "upstream": up},
+        {"id": "2", "uri": "/2", "upstream": up},
+        {"id": "3", "uri": "/3", "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1990": 2}}},
+        {"id": "4", "uri": "/4", "upstream": checked},
+        {"id": "5", "uri": "/5", "upstream": checked},
+    ]}));
+    let rt = |s: &Snapshot, id: &str| s.served_by_id(id).expect("route").route.upstream.clone();
+    let s0 = Snapshot::compile_with(&r0, 1, &shared).expect("compile");
+    assert!(Arc::ptr_eq(&rt(&s0, "1"), &rt(&s0, "2")));
+    assert!(!Arc::ptr_eq(&rt(&s0, "1"), &rt(&s0, "3")));
+    assert!(!Arc::ptr_eq(&rt(&s0, "4"), &rt(&s0, "5")));
+    assert_eq!(
+        s0.upstream_runtimes().count(),
+        2,
+        "each checked route's runtime is listed"
+    );
+
+    // A route added by a write: compiled route by route, it finds the shared runtime.
+    let mut r1 = r0.clone();
+    r1.routes
+        .push_back(arc_route(json!({"id": "6", "uri": "/6", "upstream": up})));
+    let s1 = Snapshot::compile_next(&r1, 2, &shared, Some(&s0)).expect("compile");
+    assert!(Arc::ptr_eq(&rt(&s1, "6"), &rt(&s0, "1")));
+    assert!(Arc::ptr_eq(&rt(&s1, "2"), &rt(&s0, "1")));
+
+    // Route 2's upstream changes: it alone gets a runtime of its own.
+    let mut r2 = r1.clone();
+    r2.routes.set(
+        1,
+        arc_route(json!({"id": "2", "uri": "/2",
+            "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1990": 1, "127.0.0.1:1991": 1}}})),
+    );
+    let s2 = Snapshot::compile_next(&r2, 3, &shared, Some(&s1)).expect("compile");
+    assert!(!Arc::ptr_eq(&rt(&s2, "2"), &rt(&s2, "1")));
+    assert_eq!(rt(&s2, "2").nodes.len(), 2);
+    assert!(Arc::ptr_eq(&rt(&s2, "6"), &rt(&s0, "1")));
+
+    // Something besides routes changes: the full compile keeps the sharing (and the runtime).
+    let mut r3 = r2.clone();
+    r3.upstreams =
+        res(json!({"upstreams": [{"id": "u9", "nodes": {"127.0.0.1:1999": 1}}]})).upstreams;
+    let s3 = Snapshot::compile_next(&r3, 4, &shared, Some(&s2)).expect("compile");
+    assert!(Arc::ptr_eq(&rt(&s3, "1"), &rt(&s0, "1")));
+    assert!(Arc::ptr_eq(&rt(&s3, "6"), &rt(&s0, "1")));
+    assert!(!Arc::ptr_eq(&rt(&s3, "4"), &rt(&s3, "5")));
+}
