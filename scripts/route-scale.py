@@ -15,7 +15,7 @@ Phases, each reported with the gateway's RSS (VmRSS from /proc, MiB):
   churn    C more such writes, then RSS again (the "flat across writes" check)
 
 Usage: scripts/route-scale.py [--bin target/release/sluice] [--routes 100000] [--writes 50] [--churn 0]
-                              [--load yaml|admin] [--keep DIR]
+                              [--load yaml|admin] [--upstreams 1] [--keep DIR]
 Prints one line per phase and a JSON summary on the last line. Binds ephemeral loopback ports, works in a temp dir.
 """
 import argparse
@@ -60,9 +60,20 @@ def threads(pid):
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
+DISTINCT = 1  # --upstreams
+
+
+def node_of(i, upstream):
+    """Route i's node: the one upstream, or one of DISTINCT loopback addresses (127.x.y.z refuses at once)."""
+    if DISTINCT <= 1:
+        return upstream
+    k = i % DISTINCT
+    return f"127.{(k >> 16) & 255}.{(k >> 8) & 255}.{(k & 255)}:{upstream.rsplit(':', 1)[1]}" if k else upstream
+
+
 def route(i, upstream, port_bump=0):
     uri = "/hello" if i == 1 else f"/r/{i}"
-    return {"uri": uri, "upstream": {"type": "roundrobin", "nodes": {f"{upstream}": 1 + port_bump}}}
+    return {"uri": uri, "upstream": {"type": "roundrobin", "nodes": {node_of(i, upstream): 1 + port_bump}}}
 
 
 def admin(port, method, path, body=None, timeout=120):
@@ -103,8 +114,14 @@ def main():
     ap.add_argument("--change", choices=["upstream", "uri", "add", "add-mid", "delete"], default="upstream",
                     help="what each write does: change a route's node weight (matching unchanged) or uri, add a "
                          "route (after the existing ids, or among them), delete one")
+    ap.add_argument("--upstreams", type=int, default=1,
+                    help="distinct inline upstreams over the routes (route i gets node i mod N; default 1: every "
+                         "route names the same node, as most large configurations do; equal inline upstreams are "
+                         "shared by the gateway, distinct ones are not)")
     ap.add_argument("--keep", help="work directory to use and keep (default: a temp dir, removed)")
     a = ap.parse_args()
+    global DISTINCT
+    DISTINCT = a.upstreams
 
     work = a.keep or tempfile.mkdtemp(prefix="route-scale-")
     os.makedirs(work, exist_ok=True)
@@ -127,11 +144,11 @@ def main():
             for i in range(1, a.routes + 1):
                 r = route(i, upstream)
                 f.write(f"  - id: {i}\n    uri: {r['uri']}\n    upstream:\n      type: roundrobin\n"
-                        f"      nodes:\n        \"{upstream}\": 1\n")
+                        f"      nodes:\n        \"{node_of(i, upstream)}\": 1\n")
             f.write("#END\n")
     elif os.path.exists(seed):
         os.remove(seed)
-    summary = {"routes": a.routes, "load": a.load, "change": a.change}
+    summary = {"routes": a.routes, "load": a.load, "change": a.change, "upstreams": a.upstreams}
     log = open(os.path.join(work, "sluice.log"), "w")
     t0 = time.monotonic()
     proc = subprocess.Popen([os.path.abspath(a.bin), "start", "-c", os.path.join(work, "config.yaml")],

@@ -55,57 +55,243 @@ impl Default for Timeout {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+/// A route. The fields most routes leave unset are boxed in [`RouteRare`] and read through `Deref` (`r.vars`,
+/// `r.timeout`, ...; writing one through `DerefMut` allocates the box): ~220 bytes a route instead of ~480
+/// (issue 16: 100k routes in memory). Reads and writes APISIX's JSON exactly as a flat struct would.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(from = "RouteWire", into = "RouteWire")]
 pub struct Route {
     pub id: Id,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub desc: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub uri: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub uris: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub hosts: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub methods: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub remote_addr: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub remote_addrs: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub vars: Option<Value>,
     pub priority: i32,
     /// 1 enabled (the default when absent), 0 disabled: a disabled route never matches.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<u8>,
-    #[serde(skip_serializing_if = "Map::is_empty")]
+    pub enable_websocket: Option<bool>,
     pub plugins: Plugins,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<std::sync::Arc<Upstream>>,
+    pub upstream_id: Option<Id>,
+    pub service_id: Option<Id>,
+    pub create_time: Option<i64>,
+    pub update_time: Option<i64>,
+    /// `None` while every rare field has its default.
+    rare: Option<Box<RouteRare>>,
+}
+
+/// The fields of a [`Route`] most routes leave unset.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RouteRare {
+    pub name: Option<String>,
+    pub desc: Option<String>,
+    pub uris: Vec<String>,
+    pub hosts: Vec<String>,
+    pub remote_addr: Option<String>,
+    pub remote_addrs: Vec<String>,
+    pub vars: Option<Value>,
     pub plugin_config_id: Option<Id>,
+    pub timeout: Option<Timeout>,
+    pub labels: Option<Map<String, Value>>,
+}
+
+static NO_RARE: RouteRare = RouteRare {
+    name: None,
+    desc: None,
+    uris: Vec::new(),
+    hosts: Vec::new(),
+    remote_addr: None,
+    remote_addrs: Vec::new(),
+    vars: None,
+    plugin_config_id: None,
+    timeout: None,
+    labels: None,
+};
+
+impl std::ops::Deref for Route {
+    type Target = RouteRare;
+
+    fn deref(&self) -> &RouteRare {
+        self.rare.as_deref().unwrap_or(&NO_RARE)
+    }
+}
+
+impl std::ops::DerefMut for Route {
+    fn deref_mut(&mut self) -> &mut RouteRare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+}
+
+impl PartialEq for Route {
+    fn eq(&self, o: &Route) -> bool {
+        self.id == o.id
+            && self.uri == o.uri
+            && self.host == o.host
+            && self.methods == o.methods
+            && self.priority == o.priority
+            && self.status == o.status
+            && self.enable_websocket == o.enable_websocket
+            && self.plugins == o.plugins
+            && self.upstream == o.upstream
+            && self.upstream_id == o.upstream_id
+            && self.service_id == o.service_id
+            && self.create_time == o.create_time
+            && self.update_time == o.update_time
+            && **self == **o
+    }
+}
+
+impl From<RouteWire> for Route {
+    fn from(w: RouteWire) -> Route {
+        let RouteWire {
+            id,
+            name,
+            desc,
+            uri,
+            uris,
+            host,
+            hosts,
+            methods,
+            remote_addr,
+            remote_addrs,
+            vars,
+            priority,
+            status,
+            plugins,
+            plugin_config_id,
+            upstream,
+            upstream_id,
+            service_id,
+            timeout,
+            enable_websocket,
+            labels,
+            create_time,
+            update_time,
+        } = w;
+        let rare = RouteRare {
+            name,
+            desc,
+            uris,
+            hosts,
+            remote_addr,
+            remote_addrs,
+            vars,
+            plugin_config_id,
+            timeout,
+            labels,
+        };
+        Route {
+            id,
+            uri,
+            host,
+            methods,
+            priority,
+            status,
+            enable_websocket,
+            plugins,
+            upstream,
+            upstream_id,
+            service_id,
+            create_time,
+            update_time,
+            rare: (rare != NO_RARE).then(|| Box::new(rare)),
+        }
+    }
+}
+
+impl From<Route> for RouteWire {
+    fn from(r: Route) -> RouteWire {
+        let RouteRare {
+            name,
+            desc,
+            uris,
+            hosts,
+            remote_addr,
+            remote_addrs,
+            vars,
+            plugin_config_id,
+            timeout,
+            labels,
+        } = r.rare.map(|b| *b).unwrap_or_default();
+        RouteWire {
+            id: r.id,
+            name,
+            desc,
+            uri: r.uri,
+            uris,
+            host: r.host,
+            hosts,
+            methods: r.methods,
+            remote_addr,
+            remote_addrs,
+            vars,
+            priority: r.priority,
+            status: r.status,
+            plugins: r.plugins,
+            plugin_config_id,
+            upstream: r.upstream,
+            upstream_id: r.upstream_id,
+            service_id: r.service_id,
+            timeout,
+            enable_websocket: r.enable_websocket,
+            labels,
+            create_time: r.create_time,
+            update_time: r.update_time,
+        }
+    }
+}
+
+/// A route as written (APISIX's fields in this order): what [`Route`] reads and writes through.
+#[derive(Default, Serialize, Deserialize)]
+#[serde(default)]
+struct RouteWire {
+    id: Id,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    desc: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uri: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    uris: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    hosts: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    methods: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remote_addr: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    remote_addrs: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vars: Option<Value>,
+    priority: i32,
+    /// 1 enabled (the default when absent), 0 disabled: a disabled route never matches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<u8>,
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    plugins: Plugins,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    plugin_config_id: Option<Id>,
     #[serde(
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::intern::de_upstream"
     )]
-    pub upstream: Option<std::sync::Arc<Upstream>>,
+    upstream: Option<std::sync::Arc<Upstream>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream_id: Option<Id>,
+    upstream_id: Option<Id>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub service_id: Option<Id>,
+    service_id: Option<Id>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub timeout: Option<Timeout>,
+    timeout: Option<Timeout>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub enable_websocket: Option<bool>,
+    enable_websocket: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub labels: Option<Map<String, Value>>,
+    labels: Option<Map<String, Value>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub create_time: Option<i64>,
+    create_time: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub update_time: Option<i64>,
+    update_time: Option<i64>,
 }
 
 impl Route {
@@ -460,4 +646,47 @@ pub struct StreamRoute {
     /// xRPC protocol (APISIX's `protocol`): accepted by the schema, refused by the data plane.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Value>,
+}
+
+#[cfg(test)]
+mod route_tests {
+    use super::*;
+
+    #[test]
+    fn a_route_reads_and_writes_apisix_json_as_written_with_its_rare_fields_boxed() {
+        let text = r#"{"id":"1","name":"n","desc":"d","uri":"/a","uris":["/b"],"host":"h","hosts":["g"],"methods":["GET"],"remote_addr":"10.0.0.1","remote_addrs":["10.0.0.2"],"vars":[["arg_x","==","1"]],"priority":3,"status":1,"plugins":{"key-auth":{}},"plugin_config_id":"p","upstream_id":"u","service_id":"s","timeout":{"connect":1.0,"send":2.0,"read":3.0},"enable_websocket":true,"labels":{"k":"v"},"create_time":5,"update_time":6}"#;
+        let r: Route = serde_json::from_str(text).unwrap();
+        assert!(r.rare.is_some());
+        assert_eq!(
+            (r.name.as_deref(), r.uris.len(), r.timeout.map(|t| t.read)),
+            (Some("n"), 1, Some(3.0))
+        );
+        assert_eq!(serde_json::to_string(&r).unwrap(), text);
+
+        let plain: Route =
+            serde_json::from_str(r#"{"id":"2","uri":"/c","methods":["GET"]}"#).unwrap();
+        assert!(plain.rare.is_none(), "no rare field set: nothing boxed");
+        assert!(plain.vars.is_none() && plain.hosts.is_empty());
+        assert_eq!(
+            serde_json::to_string(&plain).unwrap(),
+            r#"{"id":"2","uri":"/c","methods":["GET"],"priority":0}"#
+        );
+        // Written through DerefMut, then equal to one that was decoded with it.
+        let mut w = plain.clone();
+        w.desc = Some("x".into());
+        let decoded: Route =
+            serde_json::from_str(r#"{"id":"2","uri":"/c","methods":["GET"],"desc":"x"}"#).unwrap();
+        assert_eq!(w, decoded);
+        assert_ne!(w, plain);
+        // A box holding only defaults compares equal to none.
+        let mut empty = plain.clone();
+        empty.desc = None;
+        assert!(empty.rare.is_some());
+        assert_eq!(empty, plain);
+        assert!(
+            std::mem::size_of::<Route>() <= 240,
+            "{}",
+            std::mem::size_of::<Route>()
+        );
+    }
 }
