@@ -675,7 +675,7 @@ impl Snapshot {
         };
         for (i, kept) in kept_old.iter().enumerate() {
             if let (false, Some(s)) = (kept, old_served(i)) {
-                edit(&mut edited, &self.router).remove(s.order);
+                edit(&mut edited, &self.router).remove(s.order, &s.spec());
                 slots.clear(s.slot);
                 uncheck(&mut checked, &s);
             }
@@ -689,7 +689,7 @@ impl Snapshot {
             }
             if !r.enabled() {
                 if let Some(o) = &old {
-                    edit(&mut edited, &self.router).remove(o.order);
+                    edit(&mut edited, &self.router).remove(o.order, &o.spec());
                     slots.clear(o.slot);
                 }
                 table.insert(at, None);
@@ -778,8 +778,12 @@ impl Snapshot {
             let served = Arc::new(fresh.placed(order, slot));
             let matching_changed = old.as_ref().is_none_or(|o| !o.same_match(&served));
             if matching_changed {
-                if let Err(e) = edit(&mut edited, &self.router).insert(order, &served.spec(), slot)
-                {
+                let router = edit(&mut edited, &self.router);
+                // Its previous version leaves first (the router finds a route's candidates by its spec).
+                if let Some(o) = &old {
+                    router.remove(o.order, &o.spec());
+                }
+                if let Err(e) = router.insert(order, &served.spec(), slot) {
                     return Some(Err(err_of(&served.route.id, e)));
                 }
             }
@@ -967,6 +971,12 @@ impl Snapshot {
                 _ => (slots.alloc(), false),
             };
             let unchanged_match = same_place && old.as_ref().is_some_and(|o| o.same_match(&s));
+            if !unchanged_match {
+                // Its previous version in the previous router leaves first (found by its spec).
+                if let Some(o) = old.as_ref().filter(|o| !renumbered && o.slot == slot) {
+                    ops.push(RouterOp::Remove(o.clone()));
+                }
+            }
             let served = match old {
                 // Kept whole: the same `Arc` (no traffic-split targets to refresh).
                 Some(o)
@@ -993,12 +1003,12 @@ impl Snapshot {
         if let Some(p) = prev.filter(|_| !renumbered) {
             for s in p.slots.values() {
                 if !seen.contains(&s.slot) {
-                    ops.push(RouterOp::Remove(s.order));
+                    ops.push(RouterOp::Remove(s.clone()));
                     slots.clear(s.slot);
                 }
             }
         }
-        // A removal of an order a new route took is undone by the insert that follows it.
+        // Removals first: an order a removed route held may be taken by an insert.
         ops.sort_by_key(|op| matches!(op, RouterOp::Insert(..)));
         let plan = match prev {
             Some(_) if renumbered => RouterPlan::Build,
@@ -1410,8 +1420,9 @@ pub struct Prepared {
 
 /// One edit of the previous router (orders are the router's keys).
 enum RouterOp {
-    Remove(u32),
-    /// The route in this slot, at this order (replacing whatever had the order).
+    /// A route of the previous snapshot leaves (found by its spec).
+    Remove(Arc<Served>),
+    /// The route in this slot, at this order (which no route holds once the removals are done).
     Insert(u32, u32),
 }
 
@@ -1448,8 +1459,8 @@ impl Prepared {
                 let mut router = (*snap.router).clone();
                 for op in ops {
                     match op {
-                        RouterOp::Remove(order) => {
-                            router.remove(order);
+                        RouterOp::Remove(old) => {
+                            router.remove(old.order, &old.spec());
                         }
                         RouterOp::Insert(order, slot) => {
                             let Some(s) = snap.slots.get(slot) else {

@@ -571,10 +571,18 @@ fn incremental_updates_match_a_rebuild() {
             if rng.gen_bool(0.65) {
                 next_value += 1;
                 let spec = random_spec(&mut rng, next_value);
+                // A replacement: the old route leaves first, found by its own spec.
+                if let Some(old) = model.get(&order) {
+                    assert!(next.remove(order, old));
+                }
                 next.insert(order, &spec, next_value).unwrap();
                 model.insert(order, spec);
             } else {
-                assert_eq!(next.remove(order), model.remove(&order).is_some());
+                match model.remove(&order) {
+                    Some(old) => assert!(next.remove(order, &old)),
+                    // Nothing at that order: a spec finds nothing to remove.
+                    None => assert!(!next.remove(order, &random_spec(&mut rng, 0))),
+                }
             }
             assert_eq!(next.len(), model.len());
             assert_eq!(
@@ -592,23 +600,25 @@ fn incremental_updates_match_a_rebuild() {
             assert_eq!(&answers(old), a, "seed {seed}: an earlier version changed");
         }
         // Removing every route leaves an empty router that matches nothing.
-        for order in model.keys() {
-            assert!(router.remove(*order));
+        for (order, spec) in &model {
+            assert!(router.remove(*order, spec));
+            assert!(!router.remove(*order, spec), "removed twice");
         }
         assert!(router.is_empty());
         assert!(answers(&router).iter().all(Option::is_none));
     }
 }
 
-/// A spec that does not compile changes nothing, not even the route it would have replaced.
+/// A spec that does not compile changes nothing.
 #[test]
 fn a_failed_insert_changes_nothing() {
     let mut r: Router<u32> = Router::default();
     r.insert(1, &RouteSpec::new("/a", 1), 1).unwrap();
     let mut bad = RouteSpec::new("/b", 2);
     bad.methods = vec!["FETCH".into()];
-    let e = r.insert(1, &bad, 2).unwrap_err();
-    assert_eq!(e.index, 1);
+    let e = r.insert(2, &bad, 2).unwrap_err();
+    assert_eq!(e.index, 2);
+    assert_eq!(r.len(), 1);
     let mut p = Params::new();
     assert_eq!(r.find(&req("/a"), &mut p), Some(&1));
     assert_eq!(r.find(&req("/b"), &mut p), None);
