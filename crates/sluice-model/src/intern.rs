@@ -18,8 +18,9 @@ use crate::{Nodes, Upstream};
 struct Table {
     /// Upstreams by [`fingerprint`]; equal fingerprints are told apart by `==`.
     by_print: HashMap<u64, Vec<Weak<Upstream>>>,
-    /// `by_print.len()` after the last sweep of dead entries: the next sweep comes when it has doubled, so
-    /// sweeping costs O(1) per insert.
+    /// `by_print.len()` after the last sweep of dead entries. A dead entry still holds its `Arc`'s block (~600
+    /// bytes) through the weak reference, so sweeps come when the table has grown by an eighth since (at least
+    /// 1,024 entries): at most that many dead blocks are held, and sweeping costs O(1) per insert.
     swept_at: usize,
 }
 
@@ -66,7 +67,7 @@ pub(crate) fn upstream(u: Upstream) -> Arc<Upstream> {
     }
     let new = Arc::new(u);
     bucket.push(Arc::downgrade(&new));
-    if t.by_print.len() >= 2 * t.swept_at.max(1024) {
+    if t.by_print.len() >= t.swept_at + (t.swept_at / 8).max(1024) {
         t.by_print.retain(|_, b| {
             b.retain(|w| w.strong_count() > 0);
             !b.is_empty()
@@ -81,6 +82,15 @@ pub(crate) fn de_upstream<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Arc<Upstream>>, D::Error> {
     Ok(Option::<Upstream>::deserialize(d)?.map(upstream))
+}
+
+#[cfg(test)]
+fn table_len() -> usize {
+    TABLE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map_or(0, |t| t.by_print.len())
 }
 
 #[cfg(test)]
@@ -125,5 +135,29 @@ mod tests {
         assert!(weak.upgrade().is_none());
         let again = route(r#"{"uri":"/x","upstream":{"nodes":{"10.9.9.9:1":1},"desc":"only-me"}}"#);
         assert_eq!(again.upstream.unwrap().desc.as_deref(), Some("only-me"));
+    }
+
+    /// Upstreams written and replaced over and over (a weight changed on each write) leave no more than an
+    /// eighth of the live ones (or 1,024) dead in the table: each dead one still holds its block.
+    #[test]
+    fn replaced_upstreams_do_not_pile_up() {
+        let node = |i: usize| format!(r#"{{"nodes":{{"10.77.{}.{}:80":1}}}}"#, i / 250, i % 250);
+        let decode = |i: usize| {
+            serde_json::from_str::<Upstream>(&node(i))
+                .map(upstream)
+                .unwrap()
+        };
+        let live: Vec<Arc<Upstream>> = (0..3000).map(decode).collect();
+        for round in 1..=10 {
+            let gone: Vec<Arc<Upstream>> = (0..3000).map(|i| decode(round * 3000 + i)).collect();
+            drop(gone);
+        }
+        // Other tests may add a few of their own meanwhile.
+        assert!(
+            table_len() < 3000 + 1024 + 3000 / 8 + 3000 + 200,
+            "{}",
+            table_len()
+        );
+        assert_eq!(live.len(), 3000);
     }
 }

@@ -360,8 +360,9 @@ impl SharedInline {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let (m, swept_at) = &mut *map;
         m.insert(Arc::as_ptr(&rt.source) as usize, Arc::downgrade(rt));
-        // Dead entries go when the map has doubled since the last sweep: O(1) per insert.
-        if m.len() >= 2 * (*swept_at).max(64) {
+        // Dead entries (each holding its runtime's block through the weak reference) go when the map has grown
+        // by an eighth since the last sweep (at least 64 entries): few are held, and sweeping is O(1) per insert.
+        if m.len() >= *swept_at + (*swept_at / 8).max(64) {
             m.retain(|_, w| w.strong_count() > 0);
             *swept_at = m.len();
         }
