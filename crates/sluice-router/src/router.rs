@@ -215,11 +215,7 @@ impl<T> Router<T> {
         let filter = filtered.then(|| Box::new(filter));
         let entry = Arc::new(Entry { value, filter });
         for (pattern, uri_len) in patterns {
-            let slot = if pattern.exact {
-                Slot::Exact
-            } else {
-                Slot::Prefix
-            };
+            let slot = slot_of(&pattern);
             let cand = Candidate {
                 entry: entry.clone(),
                 order,
@@ -259,11 +255,7 @@ impl<T> Router<T> {
         };
         let mut found = false;
         for (pattern, _) in &patterns {
-            let slot = if pattern.exact {
-                Slot::Exact
-            } else {
-                Slot::Prefix
-            };
+            let slot = slot_of(pattern);
             for h in &host_keys {
                 self.with_table(h.as_ref(), |t| {
                     t.update(pattern.key.as_bytes(), slot, |b| {
@@ -414,6 +406,15 @@ fn compile_filter<T>(spec: &RouteSpec<T>) -> Result<Filter, String> {
 struct HostKey {
     reversed: Vec<u8>,
     wildcard: bool,
+}
+
+/// The trie slot a URI pattern's candidates sit in.
+fn slot_of(p: &Pattern) -> Slot {
+    if p.exact {
+        Slot::Exact
+    } else {
+        Slot::Prefix
+    }
 }
 
 /// Where a spec's candidates go: its compiled URI patterns (with each URI's length) and host keys (`None`: the
